@@ -308,9 +308,9 @@ def unsupported(operator) -> str | None:
     """Why the evaluator cannot evaluate ``operator`` from its definitions, or ``None`` when it can.
 
     It evaluates integrals over the token, feature, head and hidden grids of the state, the
-    support, the token positions, the operator's parameters and its earlier stages, with the
-    arithmetic's functions; anything else (an input such as a memory, a free symbol
-    such as RoPE's θ, another domain) is named.
+    support, the token positions, the operator's parameters, its declared constants (at their
+    defaults; θ at the check's) and its earlier stages, with the arithmetic's functions; anything
+    else (an input such as a memory, an undeclared free symbol, another domain) is named.
     """
     known = {STATE, SUPPORT} | {parameter.function for parameter in operator.parameters()}
     known |= {field.name for field in operator.input_fields if field.role == "positions"}

@@ -110,8 +110,8 @@ def _check_tokens(name: str, tokens, vocab_size: int) -> torch.Tensor:
                         f"{tokens.dtype if isinstance(tokens, torch.Tensor) else type(tokens).__name__}")
     if tokens.dim() not in (1, 2) or tokens.shape[-1] == 0:
         raise ValueError(f"{name} must have shape (batch, tokens) or (tokens,) with tokens ≥ 1, got {list(tokens.shape)}")
-    if tokens.dtype not in (torch.int64, torch.int32):  # the embeddings read these two (uint8 failed inside torch;
-        tokens = tokens.long()  # uint16 … uint64 have no min and max to check): a uint64 past int64's range is negative
+    if tokens.dtype not in (torch.int64, torch.int32):  # the embeddings read only these, and uint16 … uint64 have no
+        tokens = tokens.long()  # min or max to check (a uint64 past int64's range turns negative: refused below)
     if not _compiling() and not tokens.is_meta and tokens.numel() and (int(tokens.min()) < 0 or
                                                                       int(tokens.max()) >= vocab_size):
         raise ValueError(f"{name} must lie in [0, {vocab_size}), got values in [{int(tokens.min())}, {int(tokens.max())}]")

@@ -315,6 +315,7 @@ def unsupported(operator) -> str | None:
     known = {STATE, SUPPORT} | {parameter.function for parameter in operator.parameters()}
     known |= {field.name for field in operator.input_fields if field.role == "positions"}
     inputs, symbols, domains, functions = set(), set(), set(), set()
+    constants = {constant.symbol for constant in operator.constants}  # evaluated at their defaults (``symbol``)
     for definition in operator.definitions():
         variables = set(definition.arguments)
         for integral in definition.rhs.atoms(sp.Integral):
@@ -324,7 +325,6 @@ def unsupported(operator) -> str | None:
             if applied.func.__name__ not in known:
                 inputs.add(applied.func.__name__)
         measures = {variable.domain.measure for variable in VARIABLES.values()}
-        constants = {constant.symbol for constant in operator.constants}  # at their defaults
         symbols |= {str(symbol) for symbol in definition.rhs.free_symbols
                     if symbol not in VARIABLES and symbol != EPSILON and symbol not in measures | constants}
         functions |= {type(node).__name__ for node in sp.preorder_traversal(definition.rhs)

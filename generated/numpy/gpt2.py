@@ -37,7 +37,7 @@ import numpy as np
 
 __all__ = ["forward", "forward_stack", "vjp", "vjp_stack", "PARAMETERS", "SCHEME", "ACTIVATION", "COMPUTES", "PLACES_TOKENS"]
 
-#: The scheme and the feed-forward activation this module computes.
+#: The scheme and the feed-forward activation this module computes (None: its scheme reads no activation).
 SCHEME = "gpt2"
 ACTIVATION = "gelu-tanh"
 #: A digest of the computation (operators, steps, activation, final norm, causality): a scheme

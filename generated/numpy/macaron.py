@@ -41,7 +41,7 @@ import numpy as np
 
 __all__ = ["forward", "forward_stack", "vjp", "vjp_stack", "PARAMETERS", "SCHEME", "ACTIVATION", "COMPUTES", "PLACES_TOKENS"]
 
-#: The scheme and the feed-forward activation this module computes.
+#: The scheme and the feed-forward activation this module computes (None: its scheme reads no activation).
 SCHEME = "macaron"
 ACTIVATION = "relu"
 #: A digest of the computation (operators, steps, activation, final norm, causality): a scheme

@@ -35,9 +35,9 @@ import numpy as np
 
 __all__ = ["forward", "forward_stack", "vjp", "vjp_stack", "PARAMETERS", "SCHEME", "ACTIVATION", "COMPUTES", "PLACES_TOKENS"]
 
-#: The scheme and the feed-forward activation this module computes.
+#: The scheme and the feed-forward activation this module computes (None: its scheme reads no activation).
 SCHEME = "paper-lie"
-ACTIVATION = "relu"
+ACTIVATION = None
 #: A digest of the computation (operators, steps, activation, final norm, causality): a scheme
 #: file reusing a built-in's name, or one made causal, computes another digest.
 COMPUTES = "4725f6081bda5b56"

@@ -36,7 +36,7 @@ import torch
 
 __all__ = ["Block", "Stack", "PARAMETERS", "SCHEME", "ACTIVATION", "COMPUTES", "PLACES_TOKENS"]
 
-#: The scheme and the feed-forward activation this module computes.
+#: The scheme and the feed-forward activation this module computes (None: its scheme reads no activation).
 SCHEME = "rk4"
 ACTIVATION = "relu"
 #: A digest of the computation (operators, steps, activation, final norm, causality): a scheme

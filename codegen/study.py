@@ -45,6 +45,7 @@ TASKS = ("chars", "mqar", "digits")
 #: What ``Study.write(out)`` and ``splitformer study --out`` write into the folder.
 FILES = ("study.md", "study.json", "loss.png")
 _ASCII = 128  # character vocabulary: ASCII, anything else read as '?'
+_WARM_UP = 20  # steps over which the learning rate rises linearly (times the cosine decay)
 _MQAR_KEYS, _MQAR_VALUES, _MQAR_PAIRS, _MQAR_QUERIES = 32, 32, 8, 8
 
 
@@ -292,7 +293,7 @@ def _train(module, task, budget: Budget, d_ff: int, seed: int, progress) -> Run:
     model = task.model(module, budget, d_ff)
     optimizer = torch.optim.AdamW(model.parameters(), lr=budget.lr, weight_decay=0.01)
     schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: min(1.0, (step + 1) / 20) * 0.5 * (1 + math.cos(math.pi * step / budget.steps)))
+        optimizer, lambda step: min(1.0, (step + 1) / _WARM_UP) * 0.5 * (1 + math.cos(math.pi * step / budget.steps)))
     rng, run, every = np.random.default_rng(seed), Run(), max(1, budget.steps // 10)
     for step in range(budget.steps):
         inputs, targets = (torch.from_numpy(array) for array in task.batch(rng, budget.batch))
@@ -374,8 +375,8 @@ class Study:
                  + (f"{budget.seeds} seeds (mean ± standard deviation over seeds; " if budget.seeds > 1 else
                     "1 seed (no spread measured; ")
                  + "train loss: mean of the last tenth of the steps; validation: at the last step); "
-                 f"{budget.n_heads} heads; AdamW (lr {budget.lr:g}, weight decay 0.01), 20 warm-up steps, then a "
-                 "cosine decay to 0",
+                 f"{budget.n_heads} heads; AdamW (lr {budget.lr:g}, weight decay 0.01) at step s scaled by "
+                 f"min(1, (s + 1)/{_WARM_UP}) (a linear warm-up) times (1 + cos(π s/{budget.steps}))/2 (a cosine decay)",
                  "",
                  "| scheme | parameters | d_ff | train loss | validation loss |" + (" validation accuracy |" if accuracy else "")
                  + " ms/step |",

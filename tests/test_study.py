@@ -225,7 +225,8 @@ def test_the_table_says_how_it_trained_and_which_file_each_row_read(tmp_path):
                    Budget(steps=2, seeds=1, d_model=8, n_heads=2, n_layers=1, d_ff=16, batch=2, tokens=8, eval_batches=1,
                           lr=2e-3))
     text = result.as_markdown()
-    assert "2 heads; AdamW (lr 0.002, weight decay 0.01), 20 warm-up steps" in text
+    assert "2 heads; AdamW (lr 0.002, weight decay 0.01) at step s scaled by min(1, (s + 1)/20) (a linear warm-up) times " \
+        "(1 + cos(π s/2))/2" in text  # was "20 warm-up steps, then a cosine decay" whatever the steps
     assert f"from `{ROOT / 'tests' / 'schemes' / 'strang.toml'}`" in text and "`pre-ln` from" not in text
     assert [row["source"] for row in result.as_json()["rows"]][0] is None
 

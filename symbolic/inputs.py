@@ -9,7 +9,7 @@ functions take them as arguments. Nothing downstream knows which kind declared w
   ``positions`` argument, ``0 … N−1`` by default and shifted by the cache; ``"memory"``: a
   second input, differentiated; ``"support"``: an indicator built from a padding mask);
 - a ``Constant`` is a free symbol of the definitions (RoPE's θ): a keyword argument with a
-  default, checked to be a finite number > 0.
+  default, checked to be a finite number > 0; the proof checks run at another value (``checked_at``).
 
 The inputs here are the ones the emitted code knows how to take; any kind may read them.
 """
@@ -54,10 +54,18 @@ class Constant:
     default: float
     #: What it is (the docstring of its argument check).
     meaning: str
+    #: The value ``check`` runs the emitted code and the evaluator at: one where the constant matters (RoPE's θ
+    #: = 100 turns a few features far more than 10000); by default 4/5 of ``default``. Not the default, so that
+    #: code ignoring the argument fails.
+    checked_at: float | None = None
 
     @property
     def name(self) -> str:
         return self.symbol.name
+
+    @property
+    def check_value(self) -> float:
+        return self.default * 4 / 5 if self.checked_at is None else self.checked_at
 
 
 #: Token positions ``p(x)``; emitted from the ``positions`` argument (default ``0 … N−1``).

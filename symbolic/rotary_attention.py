@@ -73,7 +73,7 @@ class RotaryAttention(Operator):
     kind: ClassVar[str] = "rotary-attention"
     symbol: ClassVar[str] = r"\mathcal{A}^{\mathrm{rot}}"
     input_fields: ClassVar[tuple] = (POSITIONS_INPUT,)
-    constants: ClassVar[tuple] = (Constant(ROPE_THETA, 10000.0, "θ of the rotary angles p θ^(−2r/d_head)"),)
+    constants: ClassVar[tuple] = (Constant(ROPE_THETA, 10000.0, "θ of the rotary angles p θ^(−2r/d_head)", 100.0),)
     head_width_option: ClassVar[str] = "rotary_dim"  # θ^(−2r/R) are the angles of an R-feature embedding
 
     def __post_init__(self) -> None:

@@ -385,12 +385,26 @@ class Scheme:
         self._check_across_layers(operators)
         self.head_width(operators)
         self._check_stream(operators)
+        self._check_constants(operators)
         used = {key for step in self.substeps() for key in (step.operator, step.on, step.then, step.combine, step.shift)
                 if key is not None}
         unused = [key for key in operators if key not in used]
         if unused:
             raise SplitformerError(f"scheme {self.name!r}: operator {unused[0]!r} is declared but no step uses it "
                                    "(its parameters would be required for nothing); remove it or use it")
+
+    def _check_constants(self, operators: dict[str, Operator]) -> None:
+        """Operators declaring a constant of one name agree on its symbol and default: the emitted code has one
+        keyword argument of that name (the proof checks run it at the first declaration's ``check_value``)."""
+        declared: dict[str, tuple[str, object]] = {}
+        for key, operator in operators.items():
+            for constant in operator.constants:
+                first_key, first = declared.setdefault(constant.name, (key, constant))
+                if (first.symbol, first.default) != (constant.symbol, constant.default):
+                    raise SplitformerError(
+                        f"scheme {self.name!r}: operators {first_key!r} and {key!r} declare the constant "
+                        f"{constant.name!r} differently (defaults {first.default:g} and {constant.default:g}, or the "
+                        "symbols' assumptions); the emitted code has one argument of that name")
 
     def head_width(self, operators: dict[str, Operator] | None = None) -> int | None:
         """The head width ``d_head`` its attention operators set, ``None`` for ``d / n_heads``; the emitted

@@ -29,6 +29,8 @@ TEMPLATES = Path(splitformer.__file__).resolve().parent.parent / "templates"
     (Constant(sp.Symbol("tau"), float("nan"), "m"), "the default must be a finite number > 0"),
     (Constant(sp.Symbol("tau"), -1.0, "m"), "the default must be a finite number > 0"),
     (Constant(sp.Symbol("tau"), 10**400, "m"), "the default must be a finite number > 0"),  # attack 23: OverflowError
+    (Constant(sp.Symbol("tau"), 1.0, "m", 0.0), "checked_at must be a finite number > 0, got '0.0'"),
+    (Constant(sp.Symbol("tau"), 1.0, "m", "2"), "checked_at must be a finite number > 0, got '2'"),
     (Constant("tau", 1.0, "m"), "a constant's symbol must be a SymPy Symbol, got str"),
     ("tau", "constants must be a tuple of Constant, got str"),
 ])

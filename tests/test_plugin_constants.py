@@ -118,25 +118,28 @@ def test_check_binds_a_declared_constant_to_its_default(tmp_path):
 _SABOTAGE = '''
 from splitformer.codegen.printers import ArrayPrinter
 _printed = ArrayPrinter._print_Symbol
-def _plus_one(self, expr):
+def _wrong(self, expr):
     text = _printed(self, expr)
-    return f"({text} + 1)" if str(expr) == "tau" else text
-ArrayPrinter._print_Symbol = _plus_one
+    return {replacement!r}.format(text) if str(expr) == "tau" else text
+ArrayPrinter._print_Symbol = _wrong
 '''
 
 
-@pytest.mark.parametrize("sabotaged", [False, True], ids=["as-derived", "control-printed-wrong"])
+@pytest.mark.parametrize("sabotaged", [None, "({} + 1)", "2.0"],
+                         ids=["as-derived", "control-printed-wrong", "control-default-hard-coded"])
 def test_check_compares_a_kind_with_a_constant_with_the_evaluator(tmp_path, sabotaged):
     """A tester's finding: a kind declaring a constant had its semantics checks (and convergence) skipped, "the
     independent evaluator has no semantics for … free symbols tau", so ``check`` held for emitted code printed wrong
-    on purpose. The evaluator takes the constant at its default (a symbol in the symbolic comparison, as the derived
-    program keeps it): the checks run and hold; control: the constant printed as τ + 1 fails the emitted check."""
+    on purpose. The evaluator takes the constant at the check's value (a symbol in the symbolic comparison, as the
+    derived program keeps it): the checks run and hold; controls: the constant printed as τ + 1 fails the emitted
+    check, and so does its default printed in its place (the check runs τ at 4/5 of it: code that ignores the
+    argument held when the check ran the default)."""
     import json
 
     plugin, scheme, sabotage = tmp_path / "scaled_field.py", tmp_path / "scaled.toml", tmp_path / "sabotage.py"
     plugin.write_text(_PLUGIN.format(name="tau"))
     scheme.write_text(_SCHEME)
-    sabotage.write_text(_SABOTAGE)
+    sabotage.write_text(_SABOTAGE.format(replacement=sabotaged))
     loads = ["--load", str(plugin)] + (["--load", str(sabotage)] if sabotaged else [])
     result = subprocess.run([sys.executable, "-m", "splitformer", "check", *loads, str(scheme), "--only", "semantics",
                              "--format", "json"], capture_output=True, text=True, timeout=600,
@@ -145,7 +148,8 @@ def test_check_compares_a_kind_with_a_constant_with_the_evaluator(tmp_path, sabo
     emitted = checks["semantics/scaled/emitted"]
     assert emitted["method"] != "skipped", emitted
     assert "relu" not in emitted["statement"] + checks["semantics/scaled/derived"]["statement"]  # no activation read
-    assert emitted["holds"] is not sabotaged and result.returncode == (1 if sabotaged else 0), result.stdout
+    assert "tau = 1.6" in emitted["statement"]
+    assert emitted["holds"] is not bool(sabotaged) and result.returncode == (1 if sabotaged else 0), result.stdout
     derived = checks["semantics/scaled/derived"]  # not compared once the emitted module disagrees: skipped, saying why
     assert (derived["method"] == "skipped" and "already disagrees" in derived["detail"]) if sabotaged else derived["holds"]
 
@@ -172,3 +176,31 @@ def test_a_scale_that_is_a_sum_is_parenthesized(tmp_path):
         assert np.abs(numpy_module.forward(u, {"field.W": w}, tau=tau) - expected).max() < 1e-12
         block = torch_module.Block(5, 1, 5, tau=tau, dtype=torch.float64).load_params({"field.W": w})
         assert np.abs(block(torch.from_numpy(u)).detach().numpy() - expected).max() < 1e-12
+
+
+def test_two_kinds_declaring_one_constant_differently_are_refused(tmp_path):
+    """The emitted code has one keyword argument per constant name: two operators declaring ``tau`` with other
+    defaults (each evaluated at its own) are refused when the scheme is read; the same declaration twice is one."""
+    plugin = tmp_path / "scaled_field.py"
+    plugin.write_text(_PLUGIN.format(name="tau") + _OTHER_DEFAULT)
+    for other, refused in (("qa-scaled-field", False), ("qa-scaled-field-3", True)):
+        scheme = tmp_path / "two.toml"
+        scheme.write_text(f'name = "two"\nsummary = "two scaled fields"\n[operators]\nf = "qa-scaled-field"\n'
+                          f'g = "{other}"\n[[steps]]\noperator = "f"\nsolver = "explicit"\n'
+                          '[[steps]]\noperator = "g"\nsolver = "explicit"\n')
+        result = subprocess.run([sys.executable, "-m", "splitformer", "show", "--load", str(plugin), str(scheme)],
+                                capture_output=True, text=True, timeout=600)
+        assert result.returncode == (2 if refused else 0), result.stderr
+        if refused:
+            assert result.stderr.count("\n") == 1 and "operators 'f' and 'g' declare the constant 'tau' differently " \
+                "(defaults 2 and 3" in result.stderr, result.stderr
+
+
+_OTHER_DEFAULT = '''
+
+@register_operator
+@dataclass(frozen=True)
+class ScaledFieldThree(ScaledField):
+    kind: ClassVar[str] = "qa-scaled-field-3"
+    constants: ClassVar[tuple] = (Constant(SCALE, 3.0, "the scale of the field"),)
+'''

@@ -44,7 +44,7 @@ def test_a_user_scheme_with_rotary_and_cross_attention_passes_its_own_checks(sch
     program = derive(scheme)
     for check in (derived_check(scheme, program), emitted_check(scheme, program)):
         assert check.holds and check.method != SKIPPED, (check.id, check.detail)
-    assert "2 key/value heads, θ = 100" in check.statement and "memory of 4 tokens" in check.statement
+    assert "2 key/value heads, rope_theta = 100" in check.statement and "memory of 4 tokens" in check.statement
 
 
 # -- mutations of the derivation ------------------------------------------------------------
@@ -142,12 +142,12 @@ def test_rotary_attention_depends_on_position_differences_only():
     params = random_parameters(scheme, SIZES, 1)
     u = np.random.default_rng(2).standard_normal((SIZES.tokens, SIZES.features))
     positions = np.array([0.0, 1.0, 3.0, 4.0, 7.0])
-    base = _step(scheme, params, u, positions=positions, rope_theta=50.0)
-    shifted = _step(scheme, params, u, positions=positions + 11.5, rope_theta=50.0)
+    base = _step(scheme, params, u, positions=positions, constants={"rope_theta": 50.0})
+    shifted = _step(scheme, params, u, positions=positions + 11.5, constants={"rope_theta": 50.0})
     assert np.abs(shifted - base).max() < 1e-12
     # negative controls: other gaps, another base
-    assert np.abs(_step(scheme, params, u, positions=positions * 2, rope_theta=50.0) - base).max() > 1e-3
-    assert np.abs(_step(scheme, params, u, positions=positions, rope_theta=5000.0) - base).max() > 1e-3
+    assert np.abs(_step(scheme, params, u, positions=positions * 2, constants={"rope_theta": 50.0}) - base).max() > 1e-3
+    assert np.abs(_step(scheme, params, u, positions=positions, constants={"rope_theta": 5000.0}) - base).max() > 1e-3
 
 
 def test_cross_attention_reads_the_memory_within_its_support(scheme):
@@ -248,11 +248,12 @@ class _PositionalWave(Operator):
 def test_a_user_kinds_rope_theta_is_the_checks_theta():
     """A reviewer's finding: with constants evaluated at their defaults, a kind declaring ``ROPE_THETA`` was evaluated
     at 10000 while the emitted check ran its module with the check's θ (100): a false failure. The evaluator takes the
-    check's θ, as the built-in rotary evaluator does."""
+    check's θ, as the built-in rotary evaluator does. Now every declared constant is run at its ``check_value`` by
+    the emitted code and the evaluator alike (this kind's: 4/5 of its default)."""
     if _PositionalWave.kind not in OPERATOR_KINDS:
         register_operator(_PositionalWave)
     scheme = parse_scheme('name = "wave"\nsummary = "s"\ncausal = true\n[operators]\nf = "test-positional-wave"\n'
                           '[[steps]]\noperator = "f"\nsolver = "explicit"\n')
     checks = {check.id: check for check in scheme_checks(scheme, derive(scheme))}
     emitted = checks["semantics/wave/emitted"]
-    assert emitted.holds and emitted.method != SKIPPED and "θ = 100" in emitted.statement, emitted.detail
+    assert emitted.holds and emitted.method != SKIPPED and "rope_theta = 8000" in emitted.statement, emitted.detail

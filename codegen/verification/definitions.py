@@ -21,7 +21,6 @@ from sympy.core.function import AppliedUndef
 from splitformer.symbolic.domains import BUCKETS, FEATURES, HEAD_FEATURES, HEADS, HIDDEN, TOKENS, VARIABLES
 from splitformer.symbolic.errors import SplitformerError
 from splitformer.symbolic.operators import EPSILON, STATE, SUPPORT
-from splitformer.symbolic.rotary_attention import ROPE_THETA
 
 __all__ = ["evaluate_definitions", "unsupported"]
 
@@ -95,13 +94,9 @@ class _Point:
     def symbol(self, symbol):
         if symbol == EPSILON:
             return self.sem.epsilon(self.operator.key)
-        for constant in self.operator.constants:  # a kind's constant: a symbol where the comparison is symbolic (the
-            if symbol == constant.symbol:  # derived program keeps it one), else its default, as the emitted code's
-                if self.sem.arithmetic.name == "sympy":
-                    return symbol
-                if symbol == ROPE_THETA and self.sem.rope_theta is not None:  # the check's θ, as the built-in's
-                    return self.sem.rope_theta
-                return self.sem.number(Fraction(constant.default))
+        for constant in self.operator.constants:  # the check's value (a symbol where the comparison is symbolic,
+            if symbol == constant.symbol:  # as the derived program keeps it), else its default
+                return self.sem.constant(constant.name, constant.default)
         for domain, count in self.counts.items():
             if symbol == domain.measure:
                 return count * self.spacings[domain]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import random
 import zlib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from inspect import signature
 
 import mpmath
@@ -63,9 +63,9 @@ _EMITTED = Sizes(tokens=5, features=8, heads=2, hidden=12)
 #: head width 4 (two frequencies, so θ matters).
 _EMITTED_GROUPED = Sizes(tokens=5, features=16, heads=4, hidden=12, kv_heads=2)
 _TINY = Sizes(tokens=2, features=2, heads=1, hidden=2)
-#: Rotary attention's inputs in the emitted check: a base far from the default and positions
-#: with uneven gaps (per sequence), so that θ, the frequencies and p(x) all matter.
-_THETA, _POSITIONS = 100.0, ((0, 1, 2, 3, 4), (2, 3, 5, 8, 9))
+#: Rotary attention's positions in the emitted check: uneven gaps (per sequence), so that the frequencies and
+#: p(x) matter (its θ is its constant's ``check_value``, 100).
+_POSITIONS = ((0, 1, 2, 3, 4), (2, 3, 5, 8, 9))
 _MEMORY_TOKENS, _TINY_MEMORY_TOKENS = 4, 3
 
 
@@ -92,8 +92,10 @@ class EmittedInputs:
     memory: np.ndarray | None  # (batch, memory tokens, d)
     memory_mask: np.ndarray  # (batch, memory tokens), True = padded
     sizes: Sizes
-    #: The keyword options of the emitted ``forward`` (``n_kv_heads``, ``rope_theta`` where declared).
+    #: The keyword options of the emitted ``forward`` (``n_kv_heads``, constants where declared).
     options: frozenset[str] = frozenset()
+    #: The declared constants at the values the check runs (``Constant.check_value``), by name.
+    constants: dict[str, float] = field(default_factory=dict)
 
     @staticmethod
     def default_sizes(forward) -> Sizes:
@@ -108,28 +110,32 @@ class EmittedInputs:
                   if "memory" in names else None)
         mask = np.zeros((batch, _MEMORY_TOKENS), dtype=bool)
         mask[1, [0, 3]] = True
-        return cls("positions" in names, memory, mask, sizes, frozenset(names))
+        constants: dict[str, float] = {}
+        for operator in scheme.instantiate().values():
+            for constant in operator.constants:  # one name, one value: the first declaration's
+                constants.setdefault(constant.name, constant.check_value)
+        return cls("positions" in names, memory, mask, sizes, frozenset(names), constants)
 
     def numpy(self, masked: bool) -> tuple[tuple, dict]:
         """Positional arguments before the parameters, and keyword options."""
         options = {}
         if self.rotary:
             options["positions"] = np.array(_POSITIONS, dtype=float)
-            options.update({name: value for name, value in self.torch_block().items() if name in self.options})
+        options.update({name: value for name, value in self.torch_block().items() if name in self.options})
         if self.memory is not None and masked:
             options["memory_key_padding_mask"] = self.memory_mask
         return ((self.memory,) if self.memory is not None else ()), options
 
     def torch_block(self) -> dict:
-        return {name: value for name, value in (("n_kv_heads", self.sizes.key_value_heads), ("rope_theta", _THETA))
-                if name in self.options}
+        grouped = {"n_kv_heads": self.sizes.key_value_heads} if "n_kv_heads" in self.options else {}
+        return {**grouped, **self.constants}
 
     def torch(self, masked: bool) -> tuple[tuple, dict]:
         import torch
 
         leading, options = self.numpy(masked)
-        options.pop("n_kv_heads", None)
-        options.pop("rope_theta", None)
+        for name in self.torch_block():  # the Block's, given when built
+            options.pop(name, None)
         return (tuple(torch.tensor(value) for value in leading),
                 {name: torch.tensor(value) for name, value in options.items()})
 
@@ -138,7 +144,7 @@ class EmittedInputs:
         inputs = {}
         if self.rotary:
             inputs["positions"] = [mpmath.mpf(p) for p in _POSITIONS[b]]
-            inputs.update({"rope_theta": mpmath.mpf(_THETA)} if "rope_theta" in self.options else {})
+        inputs["constants"] = {name: mpmath.mpf(value) for name, value in self.constants.items()}
         if self.memory is not None:
             inputs["memory"] = _exact(self.memory[b])
             if masked:
@@ -194,7 +200,7 @@ def emitted_check(scheme: Scheme, program: Program, modules: dict | None = None)
                 errors[f"torch, {label}"] = gap(got_torch, expected)
     worst = max(errors.values())
     extra = ((f", {sizes.key_value_heads} key/value heads" if "n_kv_heads" in inputs.options else "")
-             + (f", θ = {_THETA:g}" if "rope_theta" in inputs.options else "")
+             + "".join(f", {name} = {value:g}" for name, value in inputs.constants.items())
              + (f", positions {list(_POSITIONS)}" if inputs.rotary else "")
              + (f", a memory of {_MEMORY_TOKENS} tokens (padded too in the masked case)"
                 if inputs.memory is not None else ""))
@@ -318,13 +324,13 @@ def derived_check(scheme: Scheme, program: Program) -> Check:
     # A table over buckets of distances (T5) is read at integer positions 0 and 3 (a bucket of a symbol is opaque)
     bucketed = any(BUCKETS in (tensor.shape or ()) for tensor in program.parameters())
     positions = np.array([sp.Integer(0), sp.Integer(3)]) if bucketed else _symbols("p", (sizes.tokens,), real=True)
-    theta = sp.Symbol("rope_theta", positive=True)
     memory = _symbols("m", (memory_tokens, sizes.features), real=True)
     memory_support = np.array([[int(t < memory_tokens - 1) for t in range(memory_tokens)]] * sizes.tokens)
     spacing = sp.Symbol(r"\Delta x", positive=True)  # must cancel: the derived program has no Δx
     memory_spacing = sp.Symbol(r"\Delta \hat{x}", positive=True)  # and no Δx̂
     semantics = Semantics(scheme, params, replace(sizes, token_spacing=spacing), SYMPY, support=support, eps=EPSILON,
-                          positions=positions, rope_theta=theta, memory=memory, memory_support=memory_support,
+                          positions=positions, constants={constant.name: constant.symbol for constant in program.constants},
+                          memory=memory, memory_support=memory_support,
                           memory_spacing=memory_spacing)
     expected = semantics.step(u)
     counts = _domain_counts(sizes, memory_tokens)

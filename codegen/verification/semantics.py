@@ -140,7 +140,8 @@ class Semantics:
     order analysis describes); ``time_step`` is Δt.
 
     Inputs of particular operators: ``positions`` (the tokens' positions, default
-    ``0 … N−1``) and ``rope_theta`` (θ, default 10000) for rotary attention; ``memory``
+    ``0 … N−1``) for rotary attention; ``constants``, the values of declared constants by name
+    (rotary attention's ``rope_theta``; any not given takes its default); ``memory``
     (shape ``(memory tokens, d)``, held fixed over the step), ``memory_support[i, t]``
     (default 1) and ``memory_spacing`` (``Δx̂``, default ``1/N_m``; it must cancel) for
     cross-attention.
@@ -156,7 +157,7 @@ class Semantics:
     projections: bool = True
     unchecked: set[str] = field(default_factory=set)
     positions: np.ndarray | None = None
-    rope_theta: object = None
+    constants: Mapping[str, object] = field(default_factory=dict)
     memory: np.ndarray | None = None
     memory_support: np.ndarray | None = None
     memory_spacing: object = None
@@ -259,6 +260,10 @@ class Semantics:
     def parameter(self, key: str, name: str) -> np.ndarray:
         return self.params[f"{key}.{name}"]
 
+    def constant(self, name: str, default: float):
+        """The value of the declared constant ``name``: as given, else ``default``."""
+        return self.constants[name] if name in self.constants else self.number(Fraction(default))
+
     def epsilon(self, key: str):
         return self.eps[key] if isinstance(self.eps, Mapping) else self.eps
 
@@ -355,7 +360,7 @@ def _rotary_attention(sem: Semantics, key: str, u: np.ndarray) -> np.ndarray:
         raise ValueError(f"rotary attention needs an even head width and N_g | N_h, got d_h = {width}, "
                          f"{heads} heads, {groups} key/value heads")
     n, members = sem.sizes.tokens, heads // groups
-    theta = sem.rope_theta if sem.rope_theta is not None else sem.number(10000)
+    theta = sem.constant("rope_theta", 10000)
     positions = sem.positions if sem.positions is not None else [sem.number(i) for i in range(n)]
     rotated = sem.operator(key).rotary_dim or width
     frequencies = [theta ** sem.number(Fraction(-2 * r, rotated)) if 2 * r < rotated else sem.number(0)

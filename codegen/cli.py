@@ -451,11 +451,15 @@ def _study_command(commands) -> None:
     study.add_argument("--task", choices=TASKS, default="chars", help="chars (default), mqar, or digits (needs scikit-learn)")
     for name, help_text in (("steps", "optimizer steps per run"), ("seeds", "runs per scheme (seeds 0, 1, …)"),
                             ("d-model", "model width"), ("layers", "number of blocks"),
-                            ("batch", "sequences per step"), ("tokens", "sequence length of chars"),
+                            ("batch", "sequences per step"),
+                            ("tokens", "sequence length of --task chars (mqar has 32, digits 16)"),
                             ("threads", "torch CPU threads while training")):
         field = "n_layers" if name == "layers" else name.replace("-", "_")
-        study.add_argument(f"--{name}", type=int, default=getattr(default, field), dest=field, metavar="N",
+        study.add_argument(f"--{name}", type=int, default=None, dest=field, metavar="N",
                            help=f"{help_text} (default {getattr(default, field)})")
+    study.add_argument("--lr", type=float, default=None, metavar="RATE",
+                       help=f"AdamW's peak learning rate, in (0, 1] (default {default.lr:g}): a linear warm-up to it "
+                            "over min(20, steps/10) steps, then a cosine decay")
     study.add_argument("--out", default="study", metavar="DIR", help="output folder (default: study)")
     study.add_argument("--force", action="store_true",
                        help="replace study files in DIR that splitformer did not write")
@@ -464,7 +468,7 @@ def _study_command(commands) -> None:
 
 def _study(arguments: argparse.Namespace) -> str:
     from .output import as_folder, check_files, check_writable
-    from .study import FILES, Budget, study
+    from .study import FILES, SEQUENCES, Budget, study
 
     out = as_folder(arguments.out, "--out")
     check_files([out / name for name in FILES], force=arguments.force, root=out, changing=True)  # before training
@@ -474,11 +478,16 @@ def _study(arguments: argparse.Namespace) -> str:
 
     if not torch_installed():
         raise SplitformerError("study needs PyTorch: pip install 'splitformer[torch]'")
-    budget = Budget(**{name: getattr(arguments, name)
-                       for name in ("steps", "seeds", "d_model", "n_layers", "batch", "tokens", "threads")})
+    if arguments.tokens is not None and arguments.task in SEQUENCES:
+        raise SplitformerError(f"--tokens sets the sequence length of --task chars; {arguments.task} has "
+                               f"{SEQUENCES[arguments.task]} tokens")
+    given = {name: getattr(arguments, name) for name in ("steps", "seeds", "d_model", "n_layers", "batch", "tokens",
+                                                         "threads", "lr")}
+    budget = Budget(**{name: value for name, value in given.items() if value is not None})
     result = study(arguments.schemes, arguments.task, budget)
     paths = result.write(out, force=arguments.force)
-    return result.as_markdown() + "\n\nwrote " + ", ".join(_printable(str(path)) for path in paths)
+    _stderr_line("wrote " + ", ".join(str(path) for path in paths))  # stdout holds the table alone, as compare's
+    return result.as_markdown()
 
 
 def _schemes_after_options(extras: list[str], parser: argparse.ArgumentParser) -> list[str]:
@@ -586,6 +595,16 @@ def _catch_termination() -> None:
         pass
 
 
+def _clear_progress_line() -> None:
+    """On a terminal, erase a progress line left open (``study``'s end in a carriage return), so that a message
+    after it does not mix with its end."""
+    try:
+        if sys.stderr is not None and sys.stderr.isatty():
+            sys.stderr.write("\r\033[K")
+    except (OSError, ValueError):  # closed: nothing to clear
+        pass
+
+
 def _end_interrupted(terminated: bool = False) -> NoReturn:
     """End this process, the command, after an interrupt: one line and status 130 (after SIGTERM: 143), never death
     by the signal.
@@ -599,6 +618,7 @@ def _end_interrupted(terminated: bool = False) -> NoReturn:
     files written whole or not at all, and the streams are flushed here.
     """
     _ignore_interrupts()
+    _clear_progress_line()
     _error("terminated" if terminated else "interrupted")
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -634,6 +654,7 @@ def main(argv: list[str] | None = None) -> int:
         terminated = isinstance(interrupt, _Terminated)
         if argv is None:  # the process is the command, not a caller's in-process run
             _end_interrupted(terminated)
+        _clear_progress_line()
         _error("terminated" if terminated else "interrupted")
         return 143 if terminated else 130
     return status

@@ -72,7 +72,7 @@ def stack_module(scheme: Scheme | str | Path | types.ModuleType, *, causal: bool
     return module
 
 
-def _encoder_module(scheme: Scheme | str | Path | types.ModuleType, model: str) -> types.ModuleType:
+def encoder_module(scheme: Scheme | str | Path | types.ModuleType, model: str) -> types.ModuleType:
     """``stack_module`` of ``scheme`` for a ``model`` that attends both ways: a scheme declaring
     ``causal = true`` (a decoder-only scheme such as ``gpt2``) is refused by name."""
     if not isinstance(scheme, types.ModuleType):
@@ -338,7 +338,7 @@ class Classifier(_Embedded):
                 raise ValueError(f"{name} must be a positive int, got {size!r}")
         if pooling not in ("mean", "class"):
             raise ValueError(f"pooling must be 'mean' or 'class', got {pooling!r}")
-        module = _encoder_module(scheme, "Classifier")
+        module = encoder_module(scheme, "Classifier")
         factory = {"device": device, "dtype": dtype}
         self.scheme, self.vocab_size, self.pooling = module.SCHEME, vocab_size, pooling
         self.embed = (torch.nn.Embedding(vocab_size, d_model, **factory) if vocab_size is not None
@@ -411,7 +411,7 @@ class TextEncoder(_Embedded):
             if isinstance(size, bool) or not isinstance(size, int) or size < least:
                 raise ValueError(f"{name} must be an int ≥ {least}, got {size!r}")
         _check_flags(embedding_norm=embedding_norm, pooler=pooler)
-        module = _encoder_module(scheme, "TextEncoder")
+        module = encoder_module(scheme, "TextEncoder")
         factory = {"device": device, "dtype": dtype}
         self.scheme, self.vocab_size, self.n_token_types = module.SCHEME, vocab_size, n_token_types
         self.embed = torch.nn.Embedding(vocab_size, d_model, **factory)

@@ -19,6 +19,7 @@ over seeds, step time, parameters) as markdown and JSON, and loss-curve plots.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import numbers
@@ -26,7 +27,7 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -39,13 +40,13 @@ from splitformer.symbolic.names import check_distinct
 
 from .output import JSON_GENERATOR, as_folder, check_replaceable, write_files
 
-__all__ = ["Budget", "Study", "study", "TASKS", "FILES"]
+__all__ = ["Budget", "Study", "study", "TASKS", "FILES", "SEQUENCES"]
 
 TASKS = ("chars", "mqar", "digits")
 #: What ``Study.write(out)`` and ``splitformer study --out`` write into the folder.
 FILES = ("study.md", "study.json", "loss.png")
 _ASCII = 128  # character vocabulary: ASCII, anything else read as '?'
-_WARM_UP = 20  # steps over which the learning rate rises linearly (times the cosine decay)
+_WARM_UP = 20  # the most steps over which the learning rate rises linearly (a tenth of a shorter run's)
 _MQAR_KEYS, _MQAR_VALUES, _MQAR_PAIRS, _MQAR_QUERIES = 32, 32, 8, 8
 
 
@@ -72,7 +73,7 @@ class Budget:
     n_layers: int = 2
     d_ff: int = 128  # of the first scheme; the others get the width that matches its parameter count
     batch: int = 16
-    tokens: int = 64
+    tokens: int = 64  # of the chars task; mqar and digits have their own (32, 16)
     lr: float = 3e-3
     eval_batches: int = 4
     threads: int = 1  # torch's CPU threads while training: one is steady on a shared machine and reproducible
@@ -97,12 +98,21 @@ class Budget:
                 raise SplitformerError(f"{_option(name)} = {getattr(self, name)} is above {limit}, the most a "
                                        "study on one machine takes")
         width = max(self.d_model, self.d_ff)
-        for what, count in (("the weights (layers × d-model × max(d-model, d-ff))", self.n_layers * self.d_model * width),
+        for what, count in (("the weights (at least layers × d-model × max(d-model, d-ff))", self.n_layers * self.d_model * width),
                             ("one activation (batch × tokens × max(d-model, d-ff))", self.batch * self.tokens * width),
                             ("the attention scores (batch × n-heads × tokens²)", self.batch * self.n_heads * self.tokens ** 2)):
             if count > _MOST_NUMBERS:
                 raise SplitformerError(f"{what} would hold {count:,} numbers, more than {_MOST_NUMBERS:,} (1 GiB in "
                                        "float32): lower those sizes")
+
+
+def _check_parameters(name: str, count: int) -> None:
+    """Refuse a variant of more than ``_MOST_NUMBERS`` parameters (its weights 1 GiB in float32, training 4: the
+    gradients and AdamW's two moments)."""
+    if count > _MOST_NUMBERS:
+        raise SplitformerError(f"{name}: {count:,} parameters, more than {_MOST_NUMBERS:,} (1 GiB of float32 weights; "
+                               "training holds 4 GiB with the gradients and AdamW's moments): lower d-model, d-ff or "
+                               "layers")
 
 
 # --- tasks ------------------------------------------------------------------------------------
@@ -121,8 +131,13 @@ def _stdlib_text(files: int = 24) -> str:
 class _Task:
     """A task: ``batch`` draws (inputs, targets); ``model`` builds a variant; targets −100 are not scored."""
 
-    causal = True
     metric = None
+
+    def module(self, scheme):
+        """The emitted torch module the task trains: the scheme made causal, with its KV cache."""
+        from .nn import stack_module
+
+        return stack_module(scheme, causal=True)
 
     def model(self, module, budget: Budget, d_ff: int, device=None):
         from .nn import LanguageModel
@@ -179,7 +194,6 @@ class _Recall(_Task):
 class _Digits(_Task):
     """scikit-learn's 8×8 digits: 16 tokens of 2×2 pixels, a ``Classifier`` with mean pooling."""
 
-    causal = False
     metric = "accuracy"
     sequence = 16
 
@@ -194,6 +208,13 @@ class _Digits(_Task):
         split = len(images) * 4 // 5
         self.train = images[order[:split]].astype(np.float32), digits.target[order[:split]].astype(np.int64)
         self.valid = images[order[split:]].astype(np.float32), digits.target[order[split:]].astype(np.int64)
+
+    def module(self, scheme):
+        """A Classifier's: a scheme declaring ``causal = true`` is refused, as ``nn.Classifier`` refuses it (it
+        attends both ways: gpt2 was trained so, silently)."""
+        from .nn import encoder_module
+
+        return encoder_module(scheme, "Classifier (study --task digits)")
 
     def model(self, module, budget: Budget, d_ff: int, device=None):
         from .nn import Classifier
@@ -213,6 +234,10 @@ class _Digits(_Task):
 
 def _task(name: str, budget: Budget) -> _Task:
     return {"chars": lambda: _Chars(budget.tokens), "mqar": _Recall, "digits": _Digits}[name]()
+
+
+#: The sequence length of each task other than chars (whose ``Budget.tokens`` sets it).
+SEQUENCES = {"mqar": _Recall.sequence, "digits": _Digits.sequence}
 
 
 # --- matched parameter counts -----------------------------------------------------------------
@@ -249,6 +274,20 @@ def _matched_width(module, task, budget: Budget, target: int) -> int:
 
 
 # --- training ---------------------------------------------------------------------------------
+
+def _warm_up(steps: int) -> int:
+    """Steps of the linear warm-up: ``_WARM_UP``, or a tenth of a shorter run (at least one)."""
+    return min(_WARM_UP, max(1, steps // 10))
+
+
+def _rate(steps: int, step: int) -> float:
+    """The learning rate of ``step`` (0-based) over ``lr``: rising linearly to 1 at the warm-up's last step, then a
+    cosine decay towards 0 at the run's end."""
+    warm = _warm_up(steps)
+    if step < warm:
+        return (step + 1) / warm
+    return 0.5 * (1 + math.cos(math.pi * (step + 1 - warm) / (steps + 1 - warm)))
+
 
 @dataclass
 class Run:
@@ -292,8 +331,7 @@ def _train(module, task, budget: Budget, d_ff: int, seed: int, progress) -> Run:
     torch.manual_seed(seed)
     model = task.model(module, budget, d_ff)
     optimizer = torch.optim.AdamW(model.parameters(), lr=budget.lr, weight_decay=0.01)
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: min(1.0, (step + 1) / _WARM_UP) * 0.5 * (1 + math.cos(math.pi * step / budget.steps)))
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, functools.partial(_rate, budget.steps))
     rng, run, every = np.random.default_rng(seed), Run(), max(1, budget.steps // 10)
     for step in range(budget.steps):
         inputs, targets = (torch.from_numpy(array) for array in task.batch(rng, budget.batch))
@@ -336,6 +374,11 @@ def _json_numbers(value):
     return value
 
 
+def _counted(count: int, noun: str) -> str:
+    """``1 step``, ``2 steps``."""
+    return f"{count} {noun}" + ("" if count == 1 else "s")
+
+
 def _cell(spread: tuple[float, float | None], digits: int) -> str:
     """``mean ± std``, or the mean alone for one seed."""
     mean, std = spread
@@ -370,13 +413,13 @@ class Study:
     def as_markdown(self) -> str:
         accuracy = self.task != "chars"
         budget = self.budget
-        lines = [f"Task `{self.task}`, {budget.steps} steps × batch {budget.batch} × {self.tokens} "
-                 f"tokens, d_model {budget.d_model}, {budget.n_layers} layers, "
+        lines = [f"Task `{self.task}`, {_counted(budget.steps, 'step')} × batch {budget.batch} × "
+                 f"{_counted(self.tokens, 'token')}, d_model {budget.d_model}, {_counted(budget.n_layers, 'layer')}, "
                  + (f"{budget.seeds} seeds (mean ± standard deviation over seeds; " if budget.seeds > 1 else
                     "1 seed (no spread measured; ")
                  + "train loss: mean of the last tenth of the steps; validation: at the last step); "
-                 f"{budget.n_heads} heads; AdamW (lr {budget.lr:g}, weight decay 0.01) at step s scaled by "
-                 f"min(1, (s + 1)/{_WARM_UP}) (a linear warm-up) times (1 + cos(π s/{budget.steps}))/2 (a cosine decay)",
+                 f"{_counted(budget.n_heads, 'head')}; AdamW (weight decay 0.01), its learning rate rising linearly to "
+                 f"{budget.lr:g} over the first {_counted(_warm_up(budget.steps), 'step')}, then a cosine decay towards 0",
                  "",
                  "| scheme | parameters | d_ff | train loss | validation loss |" + (" validation accuracy |" if accuracy else "")
                  + " ms/step |",
@@ -399,7 +442,9 @@ class Study:
     def as_json(self) -> dict:
         rows = [{key: (dict(zip(("mean", "std"), value)) if isinstance(value, tuple) else value)
                  for key, value in row.items()} for row in self.rows()]
-        curves = {name: [{"train_loss": run.train_loss, "valid_steps": run.valid_steps, "valid_loss": run.valid_loss}
+        curves = {name: [{"train_loss": run.train_loss, "valid_steps": run.valid_steps, "valid_loss": run.valid_loss,
+                          "step_ms": 1000 * run.step_time,
+                          **({} if self.task == "chars" else {"valid_accuracy": run.valid_accuracy})}
                          for run in variant["runs"]] for name, variant in self.variants.items()}
         return _json_numbers({"task": self.task, "budget": self.budget.__dict__, "rows": rows, "curves": curves})
 
@@ -484,30 +529,34 @@ def study(schemes: list, task: str = "chars", budget: Budget = Budget()) -> Stud
     """Train every scheme (a built-in name, scheme file or ``Scheme``) at the parameter count of the first."""
     import torch
 
-    from .nn import stack_module
-
     if task not in TASKS:
         raise SplitformerError(f"unknown task {task!r}; choose {' or '.join(TASKS)}")
     if not schemes:
         raise SplitformerError("give at least one scheme")
+    if task in SEQUENCES:  # ``tokens`` is chars' sequence length; the others have their own, recorded as trained
+        budget = replace(budget, tokens=SEQUENCES[task])
     budget.check()
     data = _task(task, budget)
-    modules = [stack_module(scheme, causal=data.causal) for scheme in schemes]
+    modules = [data.module(scheme) for scheme in schemes]
     names = [module.SCHEME for module in modules]
     check_distinct(names, "study")
     target = _count(modules[0], data, budget, budget.d_ff)
+    _check_parameters(names[0], target)
     widths = [budget.d_ff] + [_matched_width(module, data, budget, target) for module in modules[1:]]
+    counts = [_count(module, data, budget, width) for module, width in zip(modules, widths)]
+    for name, count in zip(names, counts):
+        _check_parameters(name, count)
     result = Study(task, budget, data.sequence)
     total = len(modules) * budget.seeds
     threads = torch.get_num_threads()
     torch.set_num_threads(budget.threads)
     try:
-        for index, (name, scheme, module, width) in enumerate(zip(names, schemes, modules, widths)):
+        for index, (name, scheme, module, width, count) in enumerate(zip(names, schemes, modules, widths, counts)):
             runs = []
             for seed in range(budget.seeds):
                 label = f"[{index * budget.seeds + seed + 1}/{total}] {name} seed {seed}"
                 runs.append(_train(module, data, budget, width, seed, _reporter(label, budget.steps)))
-            result.variants[name] = {"parameters": _count(module, data, budget, width), "runs": runs,
+            result.variants[name] = {"parameters": count, "runs": runs,
                                      "d_ff": width if _reads_width(module, data, budget) else None,
                                      "source": _file_of(scheme)}
     finally:

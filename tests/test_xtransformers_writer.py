@@ -229,3 +229,14 @@ def test_a_stack_whose_final_norm_was_switched_off_is_refused():
     stack.has_final_norm = False
     with pytest.raises(SplitformerError, match="has_final_norm=False"):
         to_xtransformers(stack, target)
+
+
+def test_every_flag_gives_its_own_scheme_name():
+    """A tester's finding: ``use_layerscale`` was named as the default block (``xt-pre-layer-norm-gelu``), so the two
+    could not be studied or compared side by side ("a scheme is given twice")."""
+    adapted = {flag: from_xtransformers(_module(x_transformers.Encoder, 2, 0, **flags)) for flag, flags in FLAGS.items()}
+    files = {}  # one name per scheme computed (tied layers and shared key/value heads are the Stack's, not the scheme's)
+    for flag, source in adapted.items():
+        files.setdefault(source.scheme, set()).add(source.scheme_file.split("\n", 2)[2])  # its name and summary aside
+    assert all(len(texts) == 1 for texts in files.values()), files
+    assert "layerscale" in adapted["use_layerscale"].scheme and "layerscale" not in adapted["pre-norm"].scheme

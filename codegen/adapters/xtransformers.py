@@ -655,14 +655,17 @@ def _name(layers: Any, parts: list, block: _Block) -> tuple[str, str]:
     width = f"head{block.operators['attn']['d_head']}" if "d_head" in block.operators["attn"] else ""
     combined = "gru-gated" if any("combine" in step for step in block.steps) else ""
     shifted = "shift" if any("shift" in step for step in block.steps) else ""
-    words = ["xt", "macaron" if len(parts) == 3 else "", layout, combined, shifted, width, rotary, norm, gated + next(iter(block.activations)),
+    scaled = "layerscale" if any(step.get("step") == "per-channel" for step in block.steps) else ""
+    words = ["xt", "macaron" if len(parts) == 3 else "", layout, combined, shifted, scaled, width, rotary, norm,
+             gated + next(iter(block.activations)),
              "" if ffn["bias"] else "no-bias", "causal" if layers.causal else ""]
     scores = [SCORE_WORDS[option] for option in block.operators["attn"] if option in SCORE_WORDS]
     name = "-".join(word for word in words + scores if word)[:64].rstrip("-")  # a scheme name has ≤ 64 characters
     summary = (f"x-transformers {'Decoder' if layers.causal else 'Encoder'}: {layout}-norm "
                f"{'macaron ' if len(parts) == 3 else ''}block with {norm} and a {ffn['kind']} ({gated}{next(iter(block.activations))})"
                + (f"; attention scores with {', '.join(scores)}" if scores else "")
-               + ("; GRU-gated residuals" if combined else "") + ("; token shift" if shifted else ""))
+               + ("; GRU-gated residuals" if combined else "") + ("; token shift" if shifted else "")
+               + ("; a learned per-channel step (LayerScale)" if scaled else ""))
     return name, summary
 
 

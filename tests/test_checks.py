@@ -101,6 +101,18 @@ def test_distinct_operators_of_one_kind_are_distinct_generators():
     assert order_check(parse_scheme(lie), result).holds
 
 
+def test_instances_of_one_kind_with_other_options_stay_two_fields_when_tied():
+    """A tester's finding: the tied order merged instances by kind alone, so a Macaron step of a GELU and a tanh
+    feed-forward read tied order 2. Sharing W₁, b₁, W₂, b₂ leaves two maps (the tester measured slope 0.97): the
+    tied order is 1, as the splitting order; Macaron's own halves (one activation) tie to 2 (control)."""
+    text = ('name = "mac-mixed"\nsummary = "s"\n[operators]\nffn_pre = {{ kind = "feed-forward", activation = "gelu" }}\n'
+            'attn = "attention"\nffn_post = {{ kind = "feed-forward", activation = "{second}" }}\n'
+            '[[steps]]\noperator = "ffn_pre"\nsolver = "explicit"\nfraction = "1/2"\n[[steps]]\noperator = "attn"\n'
+            'solver = "explicit"\n[[steps]]\noperator = "ffn_post"\nsolver = "explicit"\nfraction = "1/2"\n')
+    assert splitting_order(parse_scheme(text.format(second="tanh"))).tied_splitting_order == 1
+    assert splitting_order(parse_scheme(text.format(second="gelu"))).tied_splitting_order == 2
+
+
 def test_lie_splitting_leading_terms():
     scheme = parse_scheme('name = "lie"\nsummary = "s"\n[operators]\na = "attention"\nf = "feed-forward"\n'
                           '[[steps]]\noperator = "a"\nsolver = "explicit"\n[[steps]]\noperator = "f"\nsolver = "explicit"\n')

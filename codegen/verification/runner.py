@@ -95,8 +95,8 @@ class CheckReport:
             for name, order in self.orders.items():
                 lines.append(f"{name:20} {_shown(order['order']):>5} {_shown(order['splitting_order']):>9} "
                              f"{_shown(order['tied_splitting_order']):>4}  {self.leading_text[name]}")
-            lines.append("generators: one per operator instance; tied: the instances of one kind merged "
-                         "(shared parameters).")
+            lines.append("generators: one per operator instance; tied: the instances of one kind and options "
+                         "merged (shared parameters).")
             for name, order in self.orders.items():
                 for title, key in (("own solvers", "conditions"), ("exact sub-flows", "splitting_conditions")):
                     if order[key]:

@@ -9,7 +9,7 @@ over rooted trees coloured by the fields (``trees``); comparing with the exact s
 ``u_t = Σ c_k A_k(u)`` tree by tree gives the order ``p`` (every tree of at most ``p``
 nodes agrees): ``order`` with the scheme's own substep solvers (explicit Euler,
 Runge–Kutta tableaux), ``splitting_order`` with exact sub-flows (a Runge–Kutta step's: the
-flow of its fields' sum), and ``tied_splitting_order`` with the instances of one kind merged
+flow of its fields' sum), and ``tied_splitting_order`` with the instances of one kind and options merged
 (what the order would be if they shared their parameters). Trees of up to ``MAX_NODES`` nodes are checked, so
 orders up to ``MAX_NODES - 1`` are decided. The conditions checked are reported size by
 size. The leading local error is shown on linear fields (the chains of the failing size:
@@ -20,6 +20,7 @@ elementary differentials of the failing trees (``f''(g, g)``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from dataclasses import fields as dataclass_fields
 from fractions import Fraction
 from math import factorial
 
@@ -347,13 +348,30 @@ def _shown(leading: sp.Expr, mode: _Mode | None, analysis: _Analysis, printer) -
     return rf"\text{{{text}}}" if printer is latex else text
 
 
+def _tied_generators(scheme: Scheme) -> dict[str, str]:
+    """Each operator instance's field when instances share their parameters: one per kind and options. Two
+    feed-forwards with other activations (or a plug-in kind with other options) stay two fields, as tied weights
+    leave them two maps (a tester's Macaron of GELU and tanh halves was given tied order 2; it is 1)."""
+    operators, fields, named = scheme.instantiate(), [], {}
+    for key, kind in scheme.operators.items():
+        operator = operators[key]
+        options = (type(operator), {item.name: getattr(operator, item.name) for item in dataclass_fields(operator)
+                                    if item.name != "key"})
+        if options not in fields:
+            fields.append(options)
+        index = fields.index(options)
+        same_kind = [other for other in fields[:index] if other[0] is type(operator)]
+        named[key] = kind if not same_kind else f"{kind}-{len(same_kind) + 1}"
+    return named
+
+
 def splitting_order(scheme: Scheme) -> OrderResult:
     """Orders, leading local-error terms and the order conditions of one step of ``scheme``."""
     analysis = _Analysis(scheme, {key: key for key in scheme.operators}, own=True)
     own, split = analysis.modes["order"], analysis.modes.get("splitting")
     leading, words = analysis.leading(own)
     split_leading, _ = analysis.leading(split)
-    by_kind = dict(scheme.operators)
+    by_kind = _tied_generators(scheme)
     tied = split.order if split is not None else None
     work = analysis.program.work
     if len(set(by_kind.values())) < len(by_kind):

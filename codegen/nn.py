@@ -65,9 +65,9 @@ def stack_module(scheme: Scheme | str | Path | types.ModuleType, *, causal: bool
     if causal and "cache" not in accepted:
         raise SplitformerError(
             f"{module.SCHEME}: the emitted Stack keeps no cache of earlier tokens, which a language model decodes "
-            "with: a causal scheme keeps one for the operators that read the support χ (uses_support), and this one's "
-            "read none (a kind causal by steps of its positions alone); read χ in its weights, or train it on a task "
-            "that does not generate (study --task digits)" if getattr(accepted.get("causal"), "default", False) is True
+            "with: a causal scheme keeps one for the operators that read earlier tokens (a token integral), and this "
+            "one's read none; train it on a task that does not generate (study --task digits)"
+            if getattr(accepted.get("causal"), "default", False) is True
             else f"{module.SCHEME}: the emitted Stack has no KV cache (derive it with causal=True)")
     return module
 

@@ -136,7 +136,7 @@ class _Deriver:
         prefix = key if count == 1 else f"{key}{count}"
         while count > 1 and prefix in self.prefixes:
             prefix += "x"  # a later evaluation must not reuse another operator's names
-        keeps_keys = self.scheme.causal and operator.uses_support()
+        keeps_keys = self.scheme.causal  # a kind reading earlier tokens at keys, by χ or by steps of positions
         definitions = _with_key_inputs(operator) if keeps_keys else operator.definitions()
         arrays, absorbed = operator_arrays(operator, definitions, prefix)
         arrays.update({STATE: sp.IndexedBase(argument), SUPPORT: sp.IndexedBase(SUPPORT),

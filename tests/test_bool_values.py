@@ -208,18 +208,47 @@ def test_a_step_times_an_integer_keeps_a_float32_state_float32(tmp_path):
     assert u_bar.dtype == np.float32 and np.abs(u_bar - (1 + 2 * (u > 0))).max() < 1e-6
 
 
-def test_a_language_model_of_a_kind_causal_by_its_steps_says_why_it_has_no_cache(tmp_path):
-    """A running mean reads no χ, so its causal Stack keeps no cache: the message said "derive it with causal=True",
-    which the scheme already was (a researcher's study --task chars). Control: a module derived without causal."""
-    from splitformer.codegen.nn import stack_module
-    from splitformer.symbolic.errors import SplitformerError
+@pytest.mark.parametrize("attention", [False, True], ids=["alone", "after-an-attention"])
+def test_a_kind_causal_by_its_steps_decodes_with_a_cache_as_the_full_pass(tmp_path, attention):
+    """A running mean reads no χ: its causal Stack kept no cache (a language model refused it), and beside an
+    attention, whose cache the Stack keeps, each cached step averaged the new tokens alone (a tester: off by up to
+    4.0, which only ``check``'s causality statement caught). Now the states and positions it reads at the keys are
+    cached: token by token equals the full pass in NumPy and torch, and a LanguageModel decodes with it."""
+    from splitformer.codegen.nn import LanguageModel
 
     splitformer.load_plugin(PLUGIN)
     scheme = tmp_path / "s.toml"
-    scheme.write_text(_scheme("strict-running-mean").replace('summary = "one explicit step"\n',
-                                                           'summary = "one explicit step"\ncausal = true\n'))
-    with pytest.raises(SplitformerError, match="keeps no cache of earlier tokens.*read none"):
-        stack_module(str(scheme), causal=True)
+    steps = '[[steps]]\noperator = "attn"\nsolver = "explicit"\n' if attention else ""
+    scheme.write_text('name = "mean-decoding"\nsummary = "s"\ncausal = true\n[operators]\n'
+                      + ('attn = "attention"\n' if attention else "") + 'pk = "inclusive-running-mean"\n'
+                      + steps + '[[steps]]\noperator = "pk"\nsolver = "explicit"\n')
+    derivation = splitformer.derive(str(scheme))
+    numpy_module, torch_module = derivation.numpy_module(), derivation.torch_module()
+    rng = np.random.default_rng(0)
+    params = {name: rng.standard_normal([{"d": 8}[axis] for axis in axes]) * 0.5
+              for name, axes in numpy_module.PARAMETERS.items()}
+    u = rng.standard_normal((2, 6, 8))
+    full, cache = numpy_module.forward(u, params, n_heads=2), {}
+    steps = np.concatenate([numpy_module.forward(u[:, i:i + 1], params, n_heads=2, cache=cache) for i in range(6)], 1)
+    assert np.abs(steps - full).max() < 1e-12 and "pk.u_k" in cache and "pk.pos_k" in cache
+    block = torch_module.Block(8, 2, 8, dtype=torch.float64)
+    block.load_params(params)
+    with torch.no_grad():
+        full, cache = block(torch.from_numpy(u)), {}
+        steps = torch.cat([block(torch.from_numpy(u[:, i:i + 1]), cache=cache) for i in range(6)], 1)
+    assert (steps - full).abs().max() < 1e-12
+    model = LanguageModel(str(scheme), 16, d_model=8, n_heads=2, n_layers=2, dtype=torch.float64)
+    tokens = torch.randint(0, 16, (1, 3))
+    with torch.no_grad():
+        generated = model.generate(tokens, 4, greedy=True)  # with the cache, and without it: the reference
+        assert torch.equal(generated, model.generate(tokens, 4, greedy=True, use_cache=False))
+
+
+def test_a_language_model_of_a_scheme_without_a_cache_says_so():
+    """Control: a module derived without causal has no cache to decode with."""
+    from splitformer.codegen.nn import stack_module
+    from splitformer.symbolic.errors import SplitformerError
+
     with pytest.raises(SplitformerError, match="derive it with causal=True"):
         stack_module(splitformer.derive("pre-ln").torch_module(), causal=True)
 

@@ -120,3 +120,42 @@ def test_a_proximal_claim_is_proved_refuted_or_said_to_be_sampled(name):
     [check] = activation_checks(names=(name,))
     assert (check.holds, check.method) == (proximal, method) and detail in check.detail, check.detail
     assert _witness(ACTIVATIONS[name]()) is None  # the control: the samples of [−6, 6] alone find no witness
+
+
+def test_an_activation_sympy_cannot_decide_in_time_is_sampled_not_waited_for(monkeypatch):
+    """A tester's finding: ``check`` (every one: the general checks take each registered activation) hung for more
+    than 5 minutes in SymPy's ``solveset`` of σ'' = 0 for a narrow bump. SymPy's analysis is bounded in time now,
+    then the check samples and says why (here 1 s, against 20 by default; the bump is monotone and 1-Lipschitz)."""
+    import time
+
+    from splitformer.codegen.verification.statements import activations
+
+    name = "narrow-bump"
+    if name not in ACTIVATIONS:
+        register_activation(name, V / 2 + sp.exp(-1000 * (V - sp.Rational(5, 16)) ** 2) / 10 + sp.tanh(V) / 100,
+                            "a test's map", proximal=True)
+    monkeypatch.setattr(activations, "SYMPY_SECONDS", 1.0)
+    start = time.monotonic()
+    [check] = activation_checks(names=(name,))
+    assert time.monotonic() - start < 30 and (check.holds, check.method) == (True, "numeric")
+    assert "SymPy did not decide within 1 s; sampled evidence only" in check.detail, check.detail
+
+
+def test_a_time_bound_stops_a_long_computation_and_passes_a_short_one():
+    """``within``: the control returns its value; a computation past its bound raises ``OutOfTime``; in another
+    thread (no signal there) it runs unbounded, as documented; the timer is free again after each."""
+    import signal
+    import threading
+    import time
+
+    from splitformer.codegen.verification.time_bound import OutOfTime, within
+
+    assert within(5, lambda: 42) == 42
+    with pytest.raises(OutOfTime):
+        within(0.2, lambda: time.sleep(3))
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    results = []
+    thread = threading.Thread(target=lambda: results.append(within(0.05, lambda: time.sleep(0.2) or "done")))
+    thread.start()
+    thread.join()
+    assert results == ["done"]

@@ -10,6 +10,7 @@ import sympy as sp
 
 from splitformer.symbolic.activations import ACTIVATIONS, Activation
 from splitformer.symbolic.projections import SYMBOLS as S
+from ..time_bound import OutOfTime, within
 from . import Check, plain
 
 __all__ = ["activation_checks", "PROXIMAL"]
@@ -20,6 +21,8 @@ PROXIMAL = {"relu": True, "tanh": True, "gelu": False, "silu": False, "gelu-tanh
 SAMPLES = tuple(sp.Rational(n, 8) for n in range(-48, 49))
 #: Further out, where no proof is found: about ±2^(k/4) from ±6.7 to ±1024 (eighths).
 FAR_SAMPLES = tuple(sign * sp.Rational(round(8 * 2 ** (k / 4)), 8) for k in range(11, 41) for sign in (-1, 1))
+#: How long SymPy may look for σ's jumps and critical points before the check samples instead.
+SYMPY_SECONDS = 20.0
 #: The penalties, stated as claims; the check verifies prox_φ = σ for each.
 PENALTIES = {
     "relu": "the indicator of [0, ∞)",
@@ -175,16 +178,25 @@ def activation_checks(claims: dict[str, bool] | None = None, names: tuple[str, .
     return checks
 
 
+def _analysed(formula: sp.Expr) -> tuple[str | None, list | None]:
+    """A jump of σ (a witness), else σ' at its extremes (``_slope_extremes``), where SymPy finds them."""
+    pieces = _pieces(formula)
+    intervals = None if pieces is None else _intervals(pieces)
+    if intervals is None:
+        return None, None
+    witness = _jump(formula, intervals)
+    return witness, None if witness is not None else _slope_extremes(intervals)
+
+
 def _decided(name: str, activation: Activation) -> tuple[bool, str, str]:
     """Whether ``activation`` is a proximal map, how that was decided (``symbolic``: a witness, or σ continuous with
     σ' within [0, 1] at its extremes; ``numeric``: no witness at the samples, not proved), and the detail."""
-    witness, extremes = _witness(activation), None
+    witness, extremes, late = _witness(activation), None, ""
     if witness is None:
-        pieces = _pieces(activation.formula)
-        intervals = None if pieces is None else _intervals(pieces)
-        if intervals is not None:
-            witness = _jump(activation.formula, intervals)
-            extremes = None if witness is not None else _slope_extremes(intervals)
+        try:
+            witness, extremes = within(SYMPY_SECONDS, lambda: _analysed(activation.formula))
+        except OutOfTime:  # a tester's narrow bump: solveset of σ'' = 0 ran for minutes
+            late = f"SymPy did not decide within {SYMPY_SECONDS:g} s; "
         if witness is None and extremes is None:
             witness = _witness(activation, FAR_SAMPLES)
         elif extremes is not None:
@@ -196,8 +208,8 @@ def _decided(name: str, activation: Activation) -> tuple[bool, str, str]:
         return False, "symbolic", f"not a proximal map of a convex penalty: {witness}"
     if not extremes:
         return True, "numeric", (f"0 ≤ σ' ≤ 1 at {len(SAMPLES)} points of [−6, 6] and {len(FAR_SAMPLES)} out to ±1024, "
-                                 "not proved: no closed form for the zeros of σ'' or where its pieces meet; sampled "
-                                 "evidence only")
+                                 f"not proved: {late or 'no closed form for the zeros of σ'' or where its pieces meet; '}"
+                                 "sampled evidence only")
     if name in PENALTIES:
         penalty_ok, how = _penalty_matches(name, activation)
         return penalty_ok, "symbolic", f"monotone and 1-Lipschitz; penalty {PENALTIES[name]}; {how}"

@@ -340,6 +340,7 @@ def _check(arguments: argparse.Namespace) -> tuple[str, int]:
 
     from .verification.groups import check_groups, require_checks
     from .verification.runner import run_checks
+    from .verification.statements import SKIPPED
 
     from splitformer.symbolic.network_spec import load_scheme_or_network, network_names
     from splitformer.symbolic.scheme import Scheme
@@ -371,6 +372,9 @@ def _check(arguments: argparse.Namespace) -> tuple[str, int]:
     report = require_checks(run_checks(schemes, plots, _progress_printer() if sys.stderr.isatty() else None, networks,
                                        only), only, names, "--only")
     text = {"text": report.as_text, "json": report.as_json, "markdown": report.as_markdown}[arguments.format]()
+    if report.checks and all(check.method == SKIPPED for check in report.checks):  # a success that proved nothing
+        _error("nothing was checked: every selected check was skipped (the report says why)")
+        return text, 2
     return text, 0 if report.holds else 1
 
 

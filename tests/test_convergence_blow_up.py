@@ -50,9 +50,11 @@ def test_a_flow_that_blows_up_is_not_measured(tmp_path):
     result = subprocess.run([sys.executable, "-m", "splitformer", "check", "--load", str(tmp_path / "spread.py"),
                              str(tmp_path / "spread.toml"), "--only", "convergence", "--format", "json"],
                             capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0, result.stdout + result.stderr
+    # every selected check skipped: a success that proved nothing was exit 0 (a tester); the report is printed
+    assert result.returncode == 2 and result.stderr == ("error: nothing was checked: every selected check was skipped "
+                                                        "(the report says why)\n"), result.stdout + result.stderr
     check = {check["id"]: check for check in json.loads(result.stdout)["checks"]}["convergence/spread"]
-    assert check["method"] == "skipped" and "the flow itself is not finite at T = 1" in check["detail"], check
+    assert check["method"] == "skipped" and "the flow itself blows up before T = 1" in check["detail"], check
 
 
 def test_steps_that_blow_up_where_the_flow_does_not_fail():

@@ -168,7 +168,7 @@ def _given(result: OrderResult, key: str, order: int | None) -> str:
 
 def convergence_check(scheme: Scheme, study: Study, order: int, exact_subflows: bool = False) -> Check:
     """The tree order against the slope measured on nonlinear fields: fails when they disagree; skipped, saying so,
-    where the flow itself is not finite at T = 1 (no order can be measured there)."""
+    where the reference solution is not finite at T = 1 (no order can be measured there)."""
     errors = ", ".join(f"{error:.2e}" for error in study.errors)
     what = ("splitting order (each substep's flow integrated accurately)" if exact_subflows
             else "order (the scheme's own solvers)")
@@ -178,9 +178,11 @@ def convergence_check(scheme: Scheme, study: Study, order: int, exact_subflows: 
                  f"decays with slope within {TOLERANCE} of its {what} {order} from the order conditions on trees.")
     if not study.finite_reference:
         return Check(name, scheme.name, statement, SKIPPED, True,
-                     "not checked: the flow itself is not finite at T = 1 from the study's random state and "
-                     "parameters (a field growing faster than the state, on a state no projection bounds, blows up "
-                     "before T = 1, or the evaluator has no finite value there), so there is no error to measure")
+                     "not checked: the reference solution at T = 1 (RK4, refined until it converges) is not finite "
+                     "from the study's random state and parameters: the flow itself blows up before T = 1 (a field "
+                     "growing faster than the state, on a state no projection bounds), or it is too stiff for an "
+                     "explicit reference (a field with a large Lipschitz constant: RK4 is unstable at its finest "
+                     "step), or the evaluator has no finite value there; so there is no error to measure")
     finite = all(math.isfinite(error) for error in study.errors)
     above = finite and study.slope > order + TOLERANCE
     return Check(

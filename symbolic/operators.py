@@ -168,6 +168,11 @@ class Operator:
             return rf"- \partial I_{{{self.constraint}^{{{label}}}}}({argument})"
         return rf"+ {self.labelled()}({argument})"
 
+    def checked_features(self) -> int:
+        """The fewest features at which the checks of emitted code exercise every term of its formulas (a token
+        shift's segments of ⌊d/n⌋ features are empty below n): they widen d to it. 0: any."""
+        return 0
+
     def uses_support(self) -> bool:
         """Whether the masks reach the operator: its definitions read the support χ (a kind may say so itself; one
         that read χ and said False was emitted with χ never computed, and failed at every call)."""

@@ -92,5 +92,10 @@ class TokenShift(Operator):
                        "the token integral: each feature read at its segment's offset"),
         )
 
+    def checked_features(self) -> int:
+        """Two features a segment and one unshifted: at the checks' d = 8 a reach of 4 (9 segments of ⌊8/9⌋ = 0
+        features) was the identity, so its checks held without reading a shift (a tester)."""
+        return 2 * len(self.offsets()) + 1
+
     def uses_support(self) -> bool:
         return True  # also unmasked: in a causal scheme the cache keeps the earlier tokens' ``w``

@@ -7,6 +7,8 @@ full pass. Negative control: positions reversed shift every segment the wrong wa
 evaluator's checks hold on a scheme file using it.
 """
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -91,6 +93,27 @@ def test_the_independent_evaluator_holds_on_a_scheme_file():
     for check in (derived_check(scheme, program), emitted_check(scheme, program)):
         assert check.holds, (check.id, check.detail)
     assert equation_text(scheme) == "u_t = attn(shift(Proj[norm1](u))) + ffn(shift(Proj[norm2](u)))"
+
+
+def test_the_checks_widen_d_until_every_segment_of_a_wide_reach_is_read():
+    """A tester's finding: at the checks' d = 8 a shift of reach 4 has 9 segments of ⌊8/9⌋ = 0 features, the
+    identity, so every check of a scheme with it held without reading a shift. The checks widen d to 2 features a
+    segment and one more (20 over 2 heads): there the shift moves the block's output (the control: at d = 8 it is
+    exactly pre-LN's), and the emitted module matches the independent evaluator."""
+    from splitformer.codegen.verification.parameters import emitted_sizes, random_parameters
+    from splitformer.codegen.verification.scheme_checks import EmittedInputs
+
+    scheme = parse_scheme(SCHEME.replace("reach = 1", "reach = 4"))
+    sizes = EmittedInputs.of(splitformer.derive(scheme).numpy_module().forward, 2, 0, scheme).sizes
+    assert sizes.features == 20 and emitted_sizes(sizes, scheme) == sizes
+    shifted, plain = splitformer.derive(scheme).numpy_module(), splitformer.derive("pre-ln").numpy_module()
+    u = np.random.default_rng(3).standard_normal((2, 5, 20))
+    for d, moved in ((8, False), (20, True)):
+        params = random_parameters(scheme, replace(sizes, features=d), 4)
+        gap = np.abs(shifted.forward(u[..., :d], params, n_heads=2) - plain.forward(u[..., :d], params, n_heads=2)).max()
+        assert bool(gap > 1e-3) == moved, (d, gap)
+    check = emitted_check(scheme, splitformer.derive(scheme).program)
+    assert check.holds and "d = 20" in check.statement, check.detail
 
 
 @pytest.mark.parametrize("edit, message", [

@@ -20,14 +20,19 @@ __all__ = ["random_parameters", "axis_extents", "scheme_parameters", "emitted_si
 
 
 def emitted_sizes(sizes: Sizes, scheme: Scheme) -> Sizes:
-    """``sizes`` for ``scheme``'s emitted code: its head width (``Sizes.of``), and heads at least as wide as its
+    """``sizes`` for ``scheme``'s emitted code: its head width (``Sizes.of``), heads at least as wide as its
     operators ask (``narrowest_head``: ``attn.rotary_dim = 8``, which the emitted code refuses narrower heads than),
-    by more features per head, the heads as many."""
+    by more features per head, the heads as many, and at least the features its operators need to exercise every
+    term (``Operator.checked_features``: a token shift's segments)."""
     sizes = sizes.of(scheme)
     bound = narrowest_head(scheme)
-    if bound is None or sizes.head_width is not None or sizes.head_features >= bound["width"]:
-        return sizes
-    return replace(sizes, features=sizes.heads * bound["width"])
+    if bound is not None and sizes.head_width is None and sizes.head_features < bound["width"]:
+        sizes = replace(sizes, features=sizes.heads * bound["width"])
+    fewest = max((operator.checked_features() for operator in scheme.instantiate().values()), default=0)
+    if sizes.features < fewest:
+        per_head = -(-fewest // sizes.heads)
+        sizes = replace(sizes, features=fewest if sizes.head_width is not None else sizes.heads * per_head)
+    return sizes
 
 
 def axis_extents(sizes: Sizes) -> dict[str, int]:

@@ -16,15 +16,30 @@ import operator
 from collections.abc import Callable
 
 import mpmath
+from splitformer.symbolic.errors import NotReal
 import sympy as sp
 
-__all__ = ["compile_numeric", "as_number", "work"]
+__all__ = ["compile_numeric", "as_number", "work", "real_valued"]
 
 #: ``env`` maps index symbols to integers; a closure returns an ``int``, ``mpf`` or ``bool``.
 Closure = Callable[[dict], object]
 
-_FUNCTIONS = {sp.exp: mpmath.exp, sp.log: mpmath.log, sp.tanh: mpmath.tanh, sp.erf: mpmath.erf,
+def real_valued(function: Callable, name: str) -> Callable:
+    """``function`` of an mpmath number, refusing a complex result (``NotReal``) instead of carrying it on."""
+
+    def real(*arguments):
+        result = function(*arguments)
+        if isinstance(result, mpmath.mpc):
+            shown = ", ".join(mpmath.nstr(argument, 6) for argument in arguments)
+            raise NotReal(f"{name}({shown}) has no real value")
+        return result
+
+    return real
+
+
+_FUNCTIONS = {sp.exp: mpmath.exp, sp.log: real_valued(mpmath.log, "log"), sp.tanh: mpmath.tanh, sp.erf: mpmath.erf,
               sp.sin: mpmath.sin, sp.cos: mpmath.cos, sp.Abs: abs, sp.sign: mpmath.sign}
+_SQRT, _POWER = real_valued(mpmath.sqrt, "sqrt"), real_valued(lambda base, exponent: base ** exponent, "power")
 _RELATIONS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
               "==": operator.eq, "!=": operator.ne}
 
@@ -72,8 +87,8 @@ def compile_numeric(expr: sp.Expr, lookup: Callable[[str, tuple[int, ...]], obje
         if isinstance(node, sp.Pow):
             base, exponent = arguments
             if node.exp == sp.Rational(1, 2):
-                return lambda env: mpmath.sqrt(base(env))
-            return lambda env: mpmath.mpf(base(env)) ** exponent(env)
+                return lambda env: _SQRT(base(env))
+            return lambda env: _POWER(mpmath.mpf(base(env)), exponent(env))
         if isinstance(node, (sp.Max, sp.Min)):
             choose = max if isinstance(node, sp.Max) else min
             return lambda env: choose(argument(env) for argument in arguments)

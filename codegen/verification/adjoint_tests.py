@@ -109,9 +109,10 @@ def _slope(steps: np.ndarray, residuals: np.ndarray) -> float:
 
 
 def adjoint_tests(name: str, owner: str | None, described: str, forward: Callable[[Point], np.ndarray],
-                  vjp: Callable[[Point, np.ndarray], Point], x: Point, seed: int, where: str = "") -> list[Check]:
+                  vjp: Callable[[Point, np.ndarray], Point], x: Point, seed: int,
+                  where: Callable[[np.ndarray], str] = lambda _: "") -> list[Check]:
     """The dot-product and Taylor tests of ``vjp`` against ``forward`` at ``x``, with their controls; both fail,
-    saying so, when ``forward`` is not finite at ``x`` (``where`` says what of ``x`` may cause it).
+    saying so, when ``forward`` is not finite at ``x`` (``where(output)`` says what of ``x`` may cause it).
 
     ``described`` says what ``Φ`` is and at which sizes (a sentence fragment).
     """
@@ -123,7 +124,7 @@ def adjoint_tests(name: str, owner: str | None, described: str, forward: Callabl
         output = forward(x)
     if not np.isfinite(output).all():
         detail = (f"the emitted forward is not finite at the test's point ({np.size(output) - np.isfinite(output).sum()}"
-                  f" of {np.size(output)} entries){where}")
+                  f" of {np.size(output)} entries){where(output)}")
         return [Check(f"adjoint-test/{name}/{test}", owner, f"{title} test of the emitted vjp of {described}.", "numeric",
                       False, detail) for test, title in (("dot", "Dot-product"), ("taylor", "Taylor"))]
     w = rng.standard_normal(output.shape)
@@ -242,6 +243,14 @@ def scheme_adjoint_tests(scheme, module) -> list[Check]:
     def vjp(point: Point, costate: np.ndarray) -> Point:
         return at.vjp(module, point, costate)
 
-    return adjoint_tests(scheme.name, scheme.name, at.described(scheme), forward, vjp, at.x, at.seed,
-                         "; the masks leave query 0 of sequence 1 no key: a formula dividing by a sum over its "
-                         "support that is no mean of that support (a mean over no key is 0) is ∞ or 0/0 there")
+    def where(output: np.ndarray) -> str:
+        """The masks' query without a key where the output is not finite there alone; else the state's values."""
+        elsewhere = ~np.isfinite(output)
+        elsewhere[1, 0] = False
+        if not elsewhere.any():
+            return ("; only at query 0 of sequence 1, which the masks leave no key: a formula dividing by a sum over "
+                    "its support that is no mean of that support (a mean over no key is 0) is ∞ or 0/0 there")
+        return ("; at queries the masks leave keys as well: a formula with no real value at some of the state's "
+                "values (the log or a root of a negative entry) or one that overflows")
+
+    return adjoint_tests(scheme.name, scheme.name, at.described(scheme), forward, vjp, at.x, at.seed, where)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from splitformer.symbolic.errors import SplitformerError
+from splitformer.symbolic.errors import NotReal, SplitformerError
 
 from .statements import Check
 
@@ -48,6 +48,10 @@ def guarded(check_id: str, scheme: str | None, checks: Callable[[], Iterable[Che
             return _crashed(check_id, scheme, error)
         return [Check(check_id, scheme, f"The checks {check_id} evaluate the scheme at their points.", "numeric", False,
                       f"{DIVIDES_BY_ZERO}; raised at {_place(error)}")]
+    except NotReal as error:
+        return [Check(check_id, scheme, f"The checks {check_id} evaluate the scheme at their points.", "numeric", False,
+                      f"the scheme's formulas have no real value at the check's state: {error} (the log or a root "
+                      "of a negative entry: no real number, NaN in the emitted code)")]
     except Exception as error:  # noqa: BLE001 - every failure inside a check is reported, never a traceback
         return _crashed(check_id, scheme, error)
     if result is None:

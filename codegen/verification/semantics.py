@@ -24,6 +24,8 @@ from fractions import Fraction
 import numpy as np
 import sympy
 
+from splitformer.symbolic.numeric_expressions import real_valued
+
 __all__ = ["OpaqueExp", "OpaqueRelu", "Arithmetic", "MPMATH", "SYMPY", "FLOAT", "Sizes", "Semantics", "KNOWN_KINDS",
            "KNOWN_COMBINERS", "unevaluable"]
 
@@ -55,10 +57,11 @@ def _map(function):
 def _mpmath() -> Arithmetic:
     import mpmath
 
-    return Arithmetic("mpmath", _map(mpmath.exp), _map(mpmath.sqrt), _map(mpmath.erf), _map(mpmath.tanh),
-                      _map(lambda v: v if v > 0 else mpmath.mpf(0)),
+    return Arithmetic("mpmath", _map(mpmath.exp), _map(real_valued(mpmath.sqrt, "sqrt")), _map(mpmath.erf),
+                      _map(mpmath.tanh), _map(lambda v: v if v > 0 else mpmath.mpf(0)),
                       lambda value: mpmath.mpf(Fraction(value).numerator) / Fraction(value).denominator,
-                      lambda: +mpmath.pi, _map(mpmath.cos), _map(mpmath.sin), _map(mpmath.log), _map(mpmath.floor))
+                      lambda: +mpmath.pi, _map(mpmath.cos), _map(mpmath.sin), _map(real_valued(mpmath.log, "log")),
+                      _map(mpmath.floor))
 
 
 class OpaqueExp(sympy.Function):

@@ -526,7 +526,7 @@ def test_compare_takes_one_name_as_one_scheme_and_checks_sizes():
     (["--d-model", "4000000"], "d-model = 4000000 is above 16384"),
     (["--tokens", "100000000"], "tokens = 100000000 is above 65536"),
     (["--seeds", "1000000000"], "seeds = 1000000000 is above 1000"),
-    (["--d-model", "8192", "--layers", "64"], "the weights (layers × d-model × max(d-model, d-ff)) would hold"),
+    (["--d-model", "8192", "--layers", "64"], "the weights (at least layers × d-model × max(d-model, d-ff)) would hold"),
     (["--batch", "4096", "--tokens", "4096"], "one activation (batch × tokens × max(d-model, d-ff)) would hold"),
 ])
 def test_a_study_too_large_for_one_machine_is_refused_before_any_work(arguments, message, capsys, tmp_path,

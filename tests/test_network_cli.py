@@ -84,6 +84,6 @@ def test_check_skips_a_grid_step_whose_images_up_to_128_are_too_small(tmp_path, 
     path = tmp_path / "halves.toml"
     path.write_text('name = "halves"\nsummary = "seven strided convolutions each way"\n[operators]\n' + halving("a")
                     + halving("t") + f"[step]\nfield = {names('a')}\ntransfer = {names('t')}\n")
-    assert main(["check", str(path), "--only", "adjoint-test", "--format", "json"]) == 0
+    assert main(["check", str(path), "--only", "adjoint-test", "--format", "json"]) == 2  # nothing checked: no success
     check = json.loads(capsys.readouterr().out)["checks"][0]
     assert check["method"] == "skipped" and check["detail"].startswith("every image up to 128 × 128 pixels is too small")

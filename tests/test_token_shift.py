@@ -317,3 +317,22 @@ def test_a_reach_beyond_the_bound_is_refused_in_one_line(reach, tmp_path, capsys
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and ("reach must be an int from 1 to 32" in error or "expected int" in error), error
     assert parse_scheme(SCHEME.replace("reach = 1 }", "reach = 32 }")).instantiate()["shift"].reach == 32
+
+
+def test_a_causal_scheme_whose_shift_reads_later_tokens_fails_causality_not_the_check():
+    """A tester's finding: an unmasked shift of reach 4 in a causal scheme reads later tokens; its emitted module
+    refuses to decode with a cache at the check's positions (1, 3, 5, …), and that refusal crashed every causality
+    statement ("emitted/<scheme> crashed"). Now block, stack and next-token fail, saying what moved, and the cached
+    decoding is skipped quoting the refusal; control: the masked shift holds all four."""
+    from splitformer.codegen.verification.causality import causality_checks
+
+    for masked, holds in (("false", False), ("true", True)):
+        scheme = parse_scheme(SCHEME.replace("reach = 1", f"reach = 4, masked = {masked}")
+                              .replace('summary = "', 'causal = true\nsummary = "'))
+        checks = {check.id.rsplit("/", 1)[1]: check
+                  for check in causality_checks(scheme, splitformer.derive(scheme).numpy_module())}
+        assert list(checks) == ["block", "stack", "next-token", "cache"]
+        assert all(checks[name].holds is holds for name in ("block", "stack", "next-token")), checks
+        cache = checks["cache"]
+        assert (cache.method == "skipped" and "refuses this cached decoding: positions" in cache.detail) if not holds \
+            else (cache.method == "numeric" and cache.holds), cache

@@ -27,6 +27,7 @@ import os
 import statistics
 import sys
 import time
+import types
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -37,6 +38,8 @@ from splitformer.symbolic.builtins import builtin_names
 from splitformer.symbolic.errors import SplitformerError
 from splitformer.symbolic.markdown import inert
 from splitformer.symbolic.names import check_distinct
+from splitformer.symbolic.operators import OPERATOR_KINDS
+from splitformer.symbolic.plugins import plugin_file
 
 from .output import JSON_GENERATOR, as_folder, check_replaceable, write_files
 
@@ -400,7 +403,8 @@ class Study:
         rows = []
         for name, variant in self.variants.items():
             runs = variant["runs"]
-            row = {"scheme": name, "source": variant["source"], "parameters": variant["parameters"],
+            row = {"scheme": name, "source": variant["source"], "plugins": variant.get("plugins", []),
+                   "parameters": variant["parameters"],
                    "d_ff": variant["d_ff"],
                    "train_loss": _spread([statistics.fmean(run.train_loss[-window:]) for run in runs]),
                    "valid_loss": _spread([run.valid_loss[-1] for run in runs]),
@@ -437,6 +441,10 @@ class Study:
         files = [(name, variant["source"]) for name, variant in self.variants.items() if variant["source"]]
         if files:
             lines += ["", "Read from files: " + "; ".join(f"`{name}` from `{source}`" for name, source in files) + "."]
+        plugins = [(name, variant["plugins"]) for name, variant in self.variants.items() if variant.get("plugins")]
+        if plugins:
+            lines += ["", "Operator kinds from plug-in files: " + "; ".join(
+                f"`{name}` from " + ", ".join(f"`{file}`" for file in files) for name, files in plugins) + "."]
         return inert("\n".join(lines), "the study table")
 
     def as_json(self) -> dict:
@@ -518,6 +526,16 @@ def _reporter(label: str, steps: int):
     return progress
 
 
+def _plugin_files(scheme) -> list[str]:
+    """The plug-in files that define the operator kinds ``scheme`` uses (none for an emitted module passed in)."""
+    if isinstance(scheme, types.ModuleType):
+        return []
+    from .api import as_scheme
+
+    kinds = set(as_scheme(scheme).operators.values())
+    return sorted({file for file in (plugin_file(OPERATOR_KINDS[kind]) for kind in kinds) if file is not None})
+
+
 def _file_of(scheme) -> str | None:
     """The scheme file a study's variant was read from, as given; ``None`` for a built-in or a ``Scheme``."""
     if isinstance(scheme, os.PathLike) or (isinstance(scheme, str) and scheme not in builtin_names()):
@@ -558,7 +576,7 @@ def study(schemes: list, task: str = "chars", budget: Budget = Budget()) -> Stud
                 runs.append(_train(module, data, budget, width, seed, _reporter(label, budget.steps)))
             result.variants[name] = {"parameters": count, "runs": runs,
                                      "d_ff": width if _reads_width(module, data, budget) else None,
-                                     "source": _file_of(scheme)}
+                                     "source": _file_of(scheme), "plugins": _plugin_files(scheme)}
     finally:
         torch.set_num_threads(threads)
     return result

@@ -27,7 +27,7 @@ from .activations import ACTIVATIONS
 from .kinds import OPERATOR_KINDS
 from .tableaux import TABLEAUX
 
-__all__ = ["PluginError", "load_plugin", "load_plugins", "plugin_failures"]
+__all__ = ["PluginError", "load_plugin", "load_plugins", "plugin_failures", "plugin_file"]
 
 
 class PluginError(SplitformerError):
@@ -42,6 +42,14 @@ class PluginError(SplitformerError):
 def _module_name(path: Path) -> str:
     digest = hashlib.sha256(str(path).encode()).hexdigest()[:12]
     return f"splitformer_plugin_{re.sub(r'[^0-9a-zA-Z_]', '_', path.stem)}_{digest}"
+
+
+def plugin_file(registered: type) -> str | None:
+    """The plug-in file (``load_plugin``, ``--load``) whose import defined ``registered`` (an operator kind's class);
+    ``None`` for the package's own and for classes defined elsewhere."""
+    module = sys.modules.get(getattr(registered, "__module__", ""))
+    marked = module is not None and getattr(module, "__splitformer_digest__", None) is not None
+    return getattr(module, "__file__", None) if marked else None
 
 
 def load_plugin(path: str | Path) -> ModuleType:

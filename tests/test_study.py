@@ -300,3 +300,23 @@ def test_a_diverged_seed_is_written_as_nan_in_the_table_and_null_in_the_json(tmp
     assert blown["train_loss"] == {"mean": None, "std": None} and None in numbers["curves"]["blow"][0]["train_loss"]
     assert all(value is not None for value in kept["train_loss"].values())
     assert "diverged" not in (study(["pre-ln"], budget=TINY).as_markdown())  # the control: finite losses, no note
+
+
+def test_the_table_names_the_plug_in_files_of_a_rows_kinds(tmp_path):
+    """A tester's finding: study.md did not record the ``--load`` files a row's kinds came from. Now each row names
+    the plug-in files defining its kinds (a running mean beside an attention, which decodes with its cache now);
+    a built-in row names none."""
+    import splitformer
+    from conftest import ROOT
+
+    plugin = ROOT / "tests" / "plugins" / "running_means.py"
+    splitformer.load_plugin(plugin)
+    scheme = tmp_path / "mean.toml"
+    scheme.write_text('name = "attn-mean"\nsummary = "s"\ncausal = true\n[operators]\nattn = "attention"\n'
+                      'pk = "inclusive-running-mean"\nffn = "feed-forward"\n[[steps]]\noperator = "attn"\n'
+                      'solver = "explicit"\n[[steps]]\noperator = "pk"\nsolver = "explicit"\n'
+                      '[[steps]]\noperator = "ffn"\nsolver = "explicit"\n')
+    result = study(["pre-ln", str(scheme)], "chars",
+                   Budget(steps=1, seeds=1, d_model=8, n_heads=2, n_layers=1, d_ff=16, batch=2, tokens=8, eval_batches=1))
+    assert f"Operator kinds from plug-in files: `attn-mean` from `{plugin}`." in result.as_markdown()
+    assert [row["plugins"] for row in result.as_json()["rows"]] == [[], [str(plugin)]]

@@ -421,3 +421,28 @@ def test_an_eps_set_after_construction_is_checked_when_called(eps):
         stack.eps = eps
         with pytest.raises(ValueError, match="eps must be finite and >= 0"):
             stack(u)
+
+
+@pytest.mark.parametrize("n_heads", [0, -1, 3, 8])
+def test_heads_set_after_construction_are_checked_when_called(n_heads):
+    """Session 40's left item: ``block.n_heads = …`` after construction ended in a raw error (ZeroDivisionError,
+    torch's ``split_with_sizes``). A block whose parameters' shapes follow the heads (llama: grouped, rotary) refuses
+    any change by name; one whose do not (post-ln) takes a count that divides d_model, as torch's layers do (the
+    control: 8 heads run and give another result than 4)."""
+    _, llama = _modules("llama")
+    _, post_ln = _modules("post_ln")
+    torch.manual_seed(0)
+    u = torch.randn(1, 5, 32)
+    grouped, plain = llama.Block(32, 4, 48, n_kv_heads=2), post_ln.Block(32, 4, 48)
+    with torch.no_grad():
+        before = plain(u)
+        grouped.n_heads = plain.n_heads = n_heads
+        with pytest.raises(ValueError, match=f"n_heads = {n_heads}, n_kv_heads = 2 set after construction: the "
+                                             r"Block's parameters have the shapes of n_heads = 4, n_kv_heads = 2"):
+            grouped(u)
+        if n_heads > 0 and 32 % n_heads == 0:
+            assert (plain(u) - before).abs().max() > 1e-4
+        else:
+            with pytest.raises(ValueError, match=f"n_heads = {n_heads} set after construction does not divide "
+                                                 "d_model = 32"):
+                plain(u)

@@ -1393,6 +1393,7 @@ class Block(_CanonicalModule):
         if n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads = {n_heads} is not divisible by n_kv_heads = {self.n_kv_heads}")
         _head_width(d_model // n_heads)
+        self._built_heads, self._built_kv_heads = n_heads, self.n_kv_heads  # the parameters' shapes follow them
         self.rope_theta = _rope_theta(rope_theta)
         sizes = {"d": d_model, "d_ff": d_ff, "d_kv": self.n_kv_heads * (d_model // n_heads)}
         _register(self, PARAMETERS, sizes, bias, {"device": device, "dtype": dtype})
@@ -1476,6 +1477,9 @@ class Block(_CanonicalModule):
             key_padding_mask = src_key_padding_mask
         u0 = u[None] if u.dim() == 2 else u if self.batch_first else u.transpose(0, 1)
         batch, n_tokens, d = u0.shape[0], u0.shape[1], u0.shape[2]
+        if self.n_heads != self._built_heads or self.n_kv_heads != self._built_kv_heads:  # set since construction
+            raise ValueError(f"n_heads = {self.n_heads}, n_kv_heads = {self.n_kv_heads} set after construction: the Block's parameters "
+                             f"have the shapes of n_heads = {self._built_heads}, n_kv_heads = {self._built_kv_heads}; build a new Block")
         n_heads, d_head, d_ff, eps = self.n_heads, d // self.n_heads, self.d_ff, self.eps
         if not 0.0 <= eps < float("inf"):  # checked when built; a value set since (a tester's −5 gave NaN) here
             raise ValueError(f"eps must be finite and >= 0, got {eps}")

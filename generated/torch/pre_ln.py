@@ -1121,6 +1121,8 @@ class Block(_CanonicalModule):
             key_padding_mask = src_key_padding_mask
         u0 = u[None] if u.dim() == 2 else u if self.batch_first else u.transpose(0, 1)
         batch, n_tokens, d = u0.shape[0], u0.shape[1], u0.shape[2]
+        if self.n_heads < 1 or d % self.n_heads:  # checked when built; a value set since here
+            raise ValueError(f"n_heads = {self.n_heads} set after construction does not divide d_model = {d}")
         n_heads, d_head, d_ff, eps = self.n_heads, d // self.n_heads, self.d_ff, self.eps
         if not 0.0 <= eps < float("inf"):  # checked when built; a value set since (a tester's −5 gave NaN) here
             raise ValueError(f"eps must be finite and >= 0, got {eps}")

@@ -34,5 +34,7 @@ def within(seconds: float, computation: Callable[[], T]) -> T:
         signal.setitimer(signal.ITIMER_REAL, seconds)
         return computation()
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        try:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        finally:  # an alarm due as the computation returned raises here: the handler is put back all the same
+            signal.signal(signal.SIGALRM, previous)

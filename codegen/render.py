@@ -225,12 +225,14 @@ def unit_context(module: Module, backend: str, keep: set[str] | None = None) -> 
 
 
 def _cache_refusal(kinds: tuple[str, ...]) -> str:
-    """The message refusing a cache for ``kinds`` that read the support with a key in the query's place; "" for none."""
+    """The message refusing a cache for ``kinds`` that read the support with a key in the query's place, or the count
+    of every token; "" for none."""
     if not kinds:
         return ""
     return (f"cache: {', '.join(kinds)} {'reads' if len(kinds) == 1 else 'read'} the support with a key in the query's "
-            "place, χ(x̃, x): a cached step would need the earlier tokens as queries of the new ones, which no cache "
-            "holds; call the whole sequence without a cache")
+            "place, χ(x̃, x), or the count of every token, |Ω_x|: a cached step would need the earlier tokens as "
+            "queries of the new ones, or the tokens after them, which no cache holds; call the whole sequence "
+            "without a cache")
 
 
 def _unmasked_reads(module: Module) -> list[tuple[str, tuple[tuple[float, float], ...]]]:

@@ -28,7 +28,7 @@ from .domains import (
 )
 from .errors import SplitformerError
 from .latex import equation, superscripted, to_latex, unicode_text
-from .inputs import Constant, Input
+from .inputs import POSITIONS, Constant, Input
 from .operators import BRANCH, STATE, SUPPORT, Definition, Operator, apply
 from .program import TIME_STEP, LatexNames, Assignment, Evaluation, Program, SubstepRecord, Tensor, entry
 from .quadrature import Grid
@@ -136,8 +136,10 @@ class _Deriver:
         prefix = key if count == 1 else f"{key}{count}"
         while count > 1 and prefix in self.prefixes:
             prefix += "x"  # a later evaluation must not reuse another operator's names
-        keeps_keys = self.scheme.causal  # a kind reading earlier tokens at keys, by χ or by steps of positions
-        definitions = _with_key_inputs(operator) if keeps_keys else operator.definitions()
+        definitions = operator.definitions()
+        # a kind causal by χ or by steps of its positions keeps its reads of earlier tokens for a cached step
+        keeps_keys = self.scheme.causal and (operator.uses_support() or _positions_at_keys(definitions))
+        definitions = _with_key_inputs(operator) if keeps_keys else definitions
         arrays, absorbed = operator_arrays(operator, definitions, prefix)
         arrays.update({STATE: sp.IndexedBase(argument), SUPPORT: sp.IndexedBase(SUPPORT),
                        **{name: sp.IndexedBase(name) for name in self.inputs}})
@@ -156,7 +158,7 @@ class _Deriver:
         if keeps_keys:
             for function in _key_side(definitions):
                 self.cached[f"{prefix}_{function}"] = f"{own}.{function}"
-            if _support_of_keys(definitions) and operator.kind not in self.uncached:
+            if (_support_of_keys(definitions) or _reads_token_count(definitions)) and operator.kind not in self.uncached:
                 self.uncached.append(operator.kind)
         for function in _memory_side(operator, definitions):
             self.memoized[f"{prefix}_{function}"] = f"{own}.{function}"
@@ -377,6 +379,26 @@ def _with_key_inputs(operator: Operator) -> tuple[Definition, ...]:
         renamed = {applied: sp.Function(copy.function)(*applied.args) for applied in keyed}
         definitions = tuple(replace(definition, rhs=definition.rhs.xreplace(renamed)) for definition in definitions)
     return (*copies, *definitions)
+
+
+def _positions_at_keys(definitions: tuple[Definition, ...]) -> bool:
+    """Whether a definition reads the positions at a key's position (``p(x̃)``, ``p(η)``): steps of the positions can
+    make the kind causal without χ (a running mean), so a cached step needs the earlier tokens' positions."""
+    return any(applied.func.__name__ == POSITIONS.name and applied.args and applied.args[0] in _KEYS
+               for definition in definitions for applied in definition.rhs.atoms(sp.core.function.AppliedUndef))
+
+
+def _reads_token_count(definitions: tuple[Definition, ...]) -> bool:
+    """Whether a definition reads the tokens' measure ``|Ω_x|`` other than as an integral's range (a sum over the
+    tokens divided by their count): its value at a token changes with the tokens after it, which a cached step
+    does not see."""
+    measure = X.domain.measure
+    for definition in definitions:
+        ranges_aside = definition.rhs.replace(lambda node: isinstance(node, sp.Integral),
+                                              lambda node: sp.Integral(node.function, *(limit[0] for limit in node.limits)))
+        if measure in ranges_aside.free_symbols:
+            return True
+    return False
 
 
 def _support_of_keys(definitions: tuple[Definition, ...]) -> bool:

@@ -286,3 +286,28 @@ def test_a_mask_that_its_denominator_counts_is_computed_once(modules):
         line = weights_line(kind)
         assert line.count("> 0)") == 1 and "np.where(t1" in line, line
     assert weights_line("shifted-running-mean").count("> 0)") > 1
+
+
+@pytest.mark.parametrize("kind, refused", [("negative-count", True), ("step-count", True),
+                                           ("strict-running-mean", False)])
+def test_a_kind_dividing_by_the_count_of_every_token_refuses_a_cache(tmp_path, kind, refused):
+    """A reviewer's finding: with every kind's reads at keys cached, a count divided by |Ω_x| (the count of every
+    token, which a cached step does not see) decoded other tokens with the cache than without, silently. Its emitted
+    code refuses a cache by name now, as for χ(x̃, x); a running mean (control) decodes with it."""
+    splitformer.load_plugin(PLUGIN)
+    scheme = tmp_path / "s.toml"
+    scheme.write_text(f'name = "counted"\nsummary = "s"\ncausal = true\n[operators]\nattn = "attention"\n'
+                      f'pk = "{kind}"\n[[steps]]\noperator = "attn"\nsolver = "explicit"\n'
+                      '[[steps]]\noperator = "pk"\nsolver = "explicit"\n')
+    module = splitformer.derive(str(scheme)).numpy_module()
+    rng = np.random.default_rng(0)
+    params = {name: rng.standard_normal([{"d": 8}[axis] for axis in axes]) for name, axes in module.PARAMETERS.items()}
+    u = rng.standard_normal((1, 4, 8))
+    if refused:
+        with pytest.raises(ValueError, match=f"cache: {kind} reads the support with a key in the query's place, "
+                                             r"χ\(x̃, x\), or the count of every token, \|Ω_x\|"):
+            module.forward(u, params, n_heads=2, cache={})
+    else:
+        cache = {}
+        steps = np.concatenate([module.forward(u[:, i:i + 1], params, n_heads=2, cache=cache) for i in range(4)], 1)
+        assert np.abs(steps - module.forward(u, params, n_heads=2)).max() < 1e-12

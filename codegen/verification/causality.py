@@ -130,7 +130,8 @@ def causality_checks(scheme: Scheme, module, uncached: tuple[str, ...] = ()) -> 
                             f"Decoding a stack of 3 steps of {scheme.name} with its cache gives the full causal pass's "
                             "outputs.", SKIPPED, True,
                             f"not checked: the emitted code refuses a cache ({', '.join(uncached)} read the support "
-                            "with a key in the query's place, χ(x̃, x), which a cached step does not hold)"))
+                            "with a key in the query's place, χ(x̃, x), or the count of every token, |Ω_x|, which a "
+                            "cached step does not hold)"))
     elif "cache" in accepted:
         # positions 1, 3, 5, …, where the stack takes them: not what a cache would count from its length alone
         positions = 2.0 * np.arange(sizes.tokens) + 1 if "positions" in accepted else None

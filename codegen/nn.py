@@ -65,8 +65,8 @@ def stack_module(scheme: Scheme | str | Path | types.ModuleType, *, causal: bool
     if causal and "cache" not in accepted:
         raise SplitformerError(
             f"{module.SCHEME}: the emitted Stack keeps no cache of earlier tokens, which a language model decodes "
-            "with: a causal scheme keeps one for the operators that read earlier tokens (a token integral), and this "
-            "one's read none; train it on a task that does not generate (study --task digits)"
+            "with: a causal scheme keeps one for the operators that read earlier tokens through the support χ or steps "
+            "of their positions, and this one's read none (a kind that reads every token, or none)"
             if getattr(accepted.get("causal"), "default", False) is True
             else f"{module.SCHEME}: the emitted Stack has no KV cache (derive it with causal=True)")
     return module

@@ -336,3 +336,17 @@ def test_a_causal_scheme_whose_shift_reads_later_tokens_fails_causality_not_the_
         cache = checks["cache"]
         assert (cache.method == "skipped" and "refuses this cached decoding: positions" in cache.detail) if not holds \
             else (cache.method == "numeric" and cache.holds), cache
+
+
+def test_widened_heads_stay_even_for_rotary_attention():
+    """A reviewer's finding: widening d for a shift of reach 4 gave rotary attention heads of 5 (or 9) features, and
+    its semantics, emitted and causality checks crashed (at 199504b they held). The widened heads stay even."""
+    from splitformer.codegen.verification.causality import causality_checks
+
+    for causal in ("true", "false"):
+        scheme = parse_scheme(SCHEME.replace("reach = 1", f"reach = 4, causal = {causal}")
+                              .replace('attn = "attention"', 'attn = "rotary-attention"')
+                              .replace('summary = "', 'causal = true\nsummary = "'))
+        derivation = splitformer.derive(scheme)
+        assert emitted_check(scheme, derivation.program).holds
+        assert all(check.method != "crashed" for check in causality_checks(scheme, derivation.numpy_module()))

@@ -31,6 +31,7 @@ def emitted_sizes(sizes: Sizes, scheme: Scheme) -> Sizes:
     fewest = max((operator.checked_features() for operator in scheme.instantiate().values()), default=0)
     if sizes.features < fewest:
         per_head = -(-fewest // sizes.heads)
+        per_head += per_head % 2  # heads of pairs (rotary attention's) stay even: an odd width crashed its checks
         sizes = replace(sizes, features=fewest if sizes.head_width is not None else sizes.heads * per_head)
     return sizes
 

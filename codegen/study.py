@@ -114,8 +114,8 @@ def _check_parameters(name: str, count: int) -> None:
     gradients and AdamW's two moments)."""
     if count > _MOST_NUMBERS:
         raise SplitformerError(f"{name}: {count:,} parameters, more than {_MOST_NUMBERS:,} (1 GiB of float32 weights; "
-                               "training holds 4 GiB with the gradients and AdamW's moments): lower d-model, d-ff or "
-                               "layers")
+                               "training holds 4 GiB with the gradients and AdamW's moments): lower d-model or layers "
+                               "(or Budget.d_ff)")
 
 
 # --- tasks ------------------------------------------------------------------------------------
@@ -422,8 +422,10 @@ class Study:
                  + (f"{budget.seeds} seeds (mean ± standard deviation over seeds; " if budget.seeds > 1 else
                     "1 seed (no spread measured; ")
                  + "train loss: mean of the last tenth of the steps; validation: at the last step); "
-                 f"{_counted(budget.n_heads, 'head')}; AdamW (weight decay 0.01), its learning rate rising linearly to "
-                 f"{budget.lr:g} over the first {_counted(_warm_up(budget.steps), 'step')}, then a cosine decay towards 0",
+                 f"{_counted(budget.n_heads, 'head')}; AdamW (weight decay 0.01), its learning rate "
+                 + (f"rising linearly to {budget.lr:g} over the first {_warm_up(budget.steps)} steps"
+                    if _warm_up(budget.steps) > 1 else f"{budget.lr:g} at the first step")
+                 + ", then a cosine decay towards 0",
                  "",
                  "| scheme | parameters | d_ff | train loss | validation loss |" + (" validation accuracy |" if accuracy else "")
                  + " ms/step |",

@@ -236,7 +236,7 @@ def test_the_command_takes_the_learning_rate_and_tells_files_on_stderr(tmp_path,
     out = tmp_path / "out"
     assert main(["study", *MQAR_TINY, "--lr", "0.0125", "--out", str(out)]) == 0
     captured = capsys.readouterr()
-    assert "learning rate rising linearly to 0.0125" in captured.out and "wrote" not in captured.out
+    assert "learning rate 0.0125 at the first step" in captured.out and "wrote" not in captured.out
     assert captured.err.endswith(f"wrote {out / 'study.md'}, {out / 'study.json'}, {out / 'loss.png'}\n")
     document = json.loads((out / "study.json").read_text())
     assert document["budget"]["lr"] == 0.0125 and document["budget"]["tokens"] == 32
@@ -263,8 +263,8 @@ def test_the_table_says_how_it_trained_and_which_file_each_row_read(tmp_path):
                    Budget(steps=2, seeds=1, d_model=8, n_heads=2, n_layers=1, d_ff=16, batch=2, tokens=8, eval_batches=1,
                           lr=2e-3))
     text = result.as_markdown()
-    assert "2 heads; AdamW (weight decay 0.01), its learning rate rising linearly to 0.002 over the first 1 step, " \
-        "then a cosine decay towards 0" in text  # was "20 warm-up steps, then a cosine decay" whatever the steps
+    assert "2 heads; AdamW (weight decay 0.01), its learning rate 0.002 at the first step, then a cosine decay " \
+        "towards 0" in text  # was "20 warm-up steps, then a cosine decay" whatever the steps
     assert "Task `chars`, 2 steps × batch 2 × 8 tokens, d_model 8, 1 layer, 1 seed" in text  # not "1 layers"
     assert f"from `{ROOT / 'tests' / 'schemes' / 'strang.toml'}`" in text and "`pre-ln` from" not in text
     assert [row["source"] for row in result.as_json()["rows"]][0] is None

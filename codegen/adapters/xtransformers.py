@@ -40,6 +40,7 @@ attribute edited after construction that the reader does not compare is refused,
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -660,7 +661,9 @@ def _name(layers: Any, parts: list, block: _Block) -> tuple[str, str]:
              gated + next(iter(block.activations)),
              "" if ffn["bias"] else "no-bias", "causal" if layers.causal else ""]
     scores = [SCORE_WORDS[option] for option in block.operators["attn"] if option in SCORE_WORDS]
-    name = "-".join(word for word in words + scores if word)[:64].rstrip("-")  # a scheme name has ≤ 64 characters
+    name = "-".join(word for word in words + scores if word)
+    if len(name) > 64:  # a scheme name has ≤ 64 characters: the cut ends in a digest of the whole, so names stay apart
+        name = name[:57].rstrip("-") + "-" + hashlib.sha256(name.encode()).hexdigest()[:6]
     summary = (f"x-transformers {'Decoder' if layers.causal else 'Encoder'}: {layout}-norm "
                f"{'macaron ' if len(parts) == 3 else ''}block with {norm} and a {ffn['kind']} ({gated}{next(iter(block.activations))})"
                + (f"; attention scores with {', '.join(scores)}" if scores else "")

@@ -253,3 +253,23 @@ def test_names_cut_at_64_characters_stay_apart():
     assert names[0] != from_xtransformers(x_transformers.Decoder(**{**flags, "pre_norm": True},
                                                                   alibi_pos_bias=True)).scheme
     assert names[2] == "xt-macaron-post-layerscale-rms-norm-glu-silu-causal-qk-norm"  # within 64: whole
+
+
+def test_custom_layers_that_spell_the_default_layout_are_read():
+    """A tester's finding: ``custom_layers=("a", "f", "a", "f")``, the default layout of depth 2, was refused as a
+    custom layout. It is read now, equal to the default module's scheme and outputs; another layout (control) is
+    still refused."""
+    torch.manual_seed(0)
+    default = x_transformers.Encoder(dim=16, depth=2, heads=2, attn_dim_head=8, attn_flash=True).double()
+    spelled = x_transformers.Encoder(dim=16, depth=2, heads=2, attn_dim_head=8, attn_flash=True,
+                                     custom_layers=("a", "f", "a", "f")).double()
+    spelled.load_state_dict(default.state_dict())
+    adapted = from_xtransformers(spelled)
+    assert adapted.scheme_file == from_xtransformers(default).scheme_file
+    stack = adapted.build(_derived(adapted).torch_module(), dtype=torch.float64)
+    u = torch.randn(2, 5, 16, dtype=torch.float64)
+    with torch.no_grad():
+        assert (stack(u) - spelled(u)).abs().max() <= 1e-12
+    with pytest.raises(SplitformerError, match="custom_layers"):
+        from_xtransformers(x_transformers.Encoder(dim=16, depth=2, heads=2, attn_dim_head=8, attn_flash=True,
+                                                  custom_layers=("a", "a", "f", "f")))

@@ -694,7 +694,10 @@ def read_attention_layers(layers: Any, *, probe: bool = True) -> Adapted:
     ``probe``: run the module and the generated forward of what was read on a random input, refusing a
     difference (``probe.check_probe``); off only where the writer reads parameters set to 0, 1, … on purpose."""
     owner = type(layers).__name__
-    _check_defaults(owner, layers, LAYERS_DEFAULTS, "")
+    plain = getattr(layers, "has_custom_layer_types", False) is True and \
+        tuple(layers.layer_types) == ("a", "f") * getattr(layers, "depth", -1)  # custom_layers spelling the default
+    accepted = {"has_custom_layer_types": (True, LAYERS_DEFAULTS["has_custom_layer_types"][1])} if plain else {}
+    _check_defaults(owner, layers, {**LAYERS_DEFAULTS, **accepted}, "")
     _check_classes(owner, [layers.rel_pos, *layers.skip_combines, *layers.layer_integrators])
     if layers.polar_pos_emb is not None:
         raise _refuse(owner, "polar_pos_emb")

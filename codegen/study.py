@@ -560,8 +560,7 @@ def study(schemes: list, task: str = "chars", budget: Budget = Budget()) -> Stud
     modules = [data.module(scheme) for scheme in schemes]
     names = [module.SCHEME for module in modules]
     check_distinct(names, "study")
-    target = _count(modules[0], data, budget, budget.d_ff)
-    _check_parameters(names[0], target)
+    target = _count(modules[0], data, budget, budget.d_ff)  # counted on the meta device: nothing allocated yet
     widths = [budget.d_ff] + [_matched_width(module, data, budget, target) for module in modules[1:]]
     counts = [_count(module, data, budget, width) for module, width in zip(modules, widths)]
     for name, count in zip(names, counts):

@@ -16,8 +16,9 @@ import operator
 from collections.abc import Callable
 
 import mpmath
-from splitformer.symbolic.errors import NotReal
 import sympy as sp
+
+from .errors import NotReal
 
 __all__ = ["compile_numeric", "as_number", "work", "real_valued"]
 

@@ -138,9 +138,11 @@ def check_declared(constants: object, inputs: object, where: str) -> None:
         if constant.symbol.name in MODULE_ATTRIBUTES and constant.symbol != _rope_theta():
             raise SplitformerError(f"{where}: constant {constant.name!r} is the name of an attribute of the emitted "
                                    "torch Block (or of torch.nn.Module), which would hold it in its place; rename it")
-        for field, value in (("the default", constant.default), ("checked_at", constant.checked_at)):
-            if (value is not None or field == "the default") and (  # printed as its default
-                    type(value) not in (int, float) or not 0 < value <= sys.float_info.max):
+        given = {"the default": constant.default}  # printed as its default
+        if constant.checked_at is not None:
+            given["checked_at"] = constant.checked_at
+        for field, value in given.items():
+            if type(value) not in (int, float) or not 0 < value <= sys.float_info.max:
                 raise SplitformerError(f"{where}: constant {constant.name!r}: {field} must be a finite number > 0, "
                                        f"got {str(value)[:40]!r}")
         check_line(constant.meaning, f"{where}: constant {constant.name!r} meaning")  # its argument's docstring

@@ -303,14 +303,15 @@ def unsupported(operator) -> str | None:
     """Why the evaluator cannot evaluate ``operator`` from its definitions, or ``None`` when it can.
 
     It evaluates integrals over the token, feature, head and hidden grids of the state, the
-    support, the token positions, the operator's parameters, its declared constants (at their
-    defaults; θ at the check's) and its earlier stages, with the arithmetic's functions; anything
-    else (an input such as a memory, an undeclared free symbol, another domain) is named.
+    support, the token positions, the operator's parameters, its declared constants (at the
+    check's values, ``Semantics.constants``, else their defaults) and its earlier stages, with the
+    arithmetic's functions; anything else (an input such as a memory, an undeclared free symbol,
+    another domain) is named.
     """
     known = {STATE, SUPPORT} | {parameter.function for parameter in operator.parameters()}
     known |= {field.name for field in operator.input_fields if field.role == "positions"}
     inputs, symbols, domains, functions = set(), set(), set(), set()
-    constants = {constant.symbol for constant in operator.constants}  # evaluated at their defaults (``symbol``)
+    constants = {constant.symbol for constant in operator.constants}  # evaluated (``symbol``)
     for definition in operator.definitions():
         variables = set(definition.arguments)
         for integral in definition.rhs.atoms(sp.Integral):

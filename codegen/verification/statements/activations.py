@@ -232,10 +232,9 @@ def _decided(name: str, activation: Activation) -> tuple[bool, str, str]:
     if witness is not None:
         return False, "symbolic", f"not a proximal map of a convex penalty: {witness}"
     if not extremes:
+        why = late or "no closed form for the zeros of σ'' or where its pieces meet; "
         return True, "numeric", (f"0 ≤ σ' ≤ 1 at {len(SAMPLES)} points of [−6, 6], {len(FAR_SAMPLES)} out to ±1024 and "
-                                 f"{DENSE} of [−8, 8] in float64, "
-                                 f"not proved: {late or 'no closed form for the zeros of σ'' or where its pieces meet; '}"
-                                 "sampled evidence only")
+                                 f"{DENSE} of [−8, 8] in float64, not proved: {why}sampled evidence only")
     if name in PENALTIES:
         penalty_ok, how = _penalty_matches(name, activation)
         return penalty_ok, "symbolic", f"monotone and 1-Lipschitz; penalty {PENALTIES[name]}; {how}"

@@ -193,6 +193,11 @@ def _memoize(cache, key, memory, fields):
         cache.update(fields)
 
 
+class LateTokenRead(ValueError):
+    """A cached decoding step refused: a cached token reads a new, later one through a kernel without χ (a token
+    shift's), as the full pass would; the cache holds no such read (``_late_reads``)."""
+
+
 def _late_reads(cache, key, pos, windows):
     """Refuse new positions p that a cached token (position q in ``cache[key]``) reads with a kernel window
     ``low < q − p < high`` carrying no χ: the full pass would have it read this later token, cached decoding cannot."""
@@ -205,7 +210,7 @@ def _late_reads(cache, key, pos, windows):
             inside = np.searchsorted(cached[b], pos[b] + high) > first
             if inside.any():
                 token = int(np.argmax(inside))
-                raise ValueError(f"positions: new token {token} at {pos[b, token]} is read by a cached token at "
+                raise LateTokenRead(f"positions: new token {token} at {pos[b, token]} is read by a cached token at "
                                  f"{cached[b, first[token]]} (q − p in ({low}, {high}), a kernel without χ): the full pass "
                                  f"has the earlier token read the later one, cached decoding cannot; keep new positions "
                                  f"at least {-low} above the cached ones, or call without a cache")

@@ -315,6 +315,11 @@ def _memoize(cache: dict[str, torch.Tensor] | None, key: str, memory: torch.Tens
         cache.update(fields)
 
 
+class LateTokenRead(ValueError):
+    """A cached decoding step refused: a cached token reads a new, later one through a kernel without χ (a token
+    shift's), as the full pass would; the cache holds no such read (``_late_reads``)."""
+
+
 def _late_reads(cache: dict[str, torch.Tensor] | None, key: str, pos: torch.Tensor, windows: list[tuple[float, float]]):
     """Refuse new positions p that a cached token (position q in ``cache[key]``) reads with a kernel window
     ``low < q − p < high`` carrying no χ: the full pass would have it read this later token, cached decoding cannot."""
@@ -326,7 +331,7 @@ def _late_reads(cache: dict[str, torch.Tensor] | None, key: str, pos: torch.Tens
         inside = torch.searchsorted(cached, (pos + high).contiguous()) > first
         if bool(inside.any()):
             b, token = [int(index) for index in inside.nonzero()[0]]
-            raise ValueError(f"positions: new token {token} at {float(pos[b, token])} is read by a cached token at "
+            raise LateTokenRead(f"positions: new token {token} at {float(pos[b, token])} is read by a cached token at "
                              f"{float(cached[b, int(first[b, token])])} (q − p in ({low}, {high}), a kernel without χ): the "
                              f"full pass has the earlier token read the later one, cached decoding cannot; keep new "
                              f"positions at least {-low} above the cached ones, or call without a cache")

@@ -67,6 +67,29 @@ def test_block_stack_and_next_token_are_causal_and_the_cache_decodes_the_full_pa
     assert all(check.holds and check.method == "numeric" for check in checks), [c.detail for c in checks]
 
 
+def test_a_cache_error_other_than_the_modules_late_read_refusal_is_not_skipped():
+    """The cached decoding statement is skipped only on the module's own ``LateTokenRead`` (a token shift reading
+    later tokens), not on another ValueError whatever its text (it matched the message text before); control: the
+    module's class is skipped."""
+    scheme, _, module = _emitted("llama")
+
+    def refusing(error):
+        def forward_stack(*args, cache=None, **options):
+            if cache is not None and any(cache):
+                raise error
+            return module.forward_stack(*args, cache=cache, **options)
+        return SimpleNamespace(forward=module.forward, forward_stack=forward_stack, LateTokenRead=LateTokenRead,
+                               FINAL_NORM_PARAMETERS=module.FINAL_NORM_PARAMETERS)
+
+    class LateTokenRead(ValueError):
+        pass
+
+    with pytest.raises(ValueError, match="cached decoding cannot"):
+        causality_checks(scheme, refusing(ValueError("positions: cached decoding cannot")))
+    cache = causality_checks(scheme, refusing(LateTokenRead("positions: cached decoding cannot")))[-1]
+    assert cache.id.endswith("/cache") and cache.method == "skipped" and "refuses this cached decoding" in cache.detail
+
+
 def test_causality_fails_when_the_mask_is_ignored():
     scheme, _, module = _emitted("gpt2")
     assert not any(check.holds for check in causality_checks(scheme, _ignoring_the_mask(module)))

@@ -7,6 +7,7 @@ full pass. Negative control: positions reversed shift every segment the wrong wa
 evaluator's checks hold on a scheme file using it.
 """
 
+import sys
 from dataclasses import replace
 
 import numpy as np
@@ -286,9 +287,11 @@ def test_cached_decoding_equals_the_full_pass_or_refuses_the_positions(masked, p
         torch_first = block(torch.from_numpy(u[:, :4]), cache=torch_cache, positions=torch.from_numpy(positions[:4]))
     kept = {key: value.copy() for key, value in cache.items()}
     if refused:
-        with pytest.raises(ValueError, match=r"^positions: new token \d+ at .* is read by a cached token"):
+        # a ValueError of the module's own class (what ``check`` tells from other errors of a cache by)
+        with pytest.raises(numpy_module.LateTokenRead, match=r"^positions: new token \d+ at .* is read by a cached token"):
             numpy_module.forward(u[:, 4:], params, n_heads=2, cache=cache, positions=positions[4:])
-        with pytest.raises(ValueError, match=r"^positions: new token \d+ at .* is read by a cached token"):
+        with pytest.raises(sys.modules[type(block).__module__].LateTokenRead,
+                           match=r"^positions: new token \d+ at .* is read by a cached token"):
             block(torch.from_numpy(u[:, 4:]), cache=torch_cache, positions=torch.from_numpy(positions[4:]))
         assert cache.keys() == kept.keys() and all(np.array_equal(cache[key], kept[key]) for key in kept)
         assert all(value.shape[1] == 4 for key, value in torch_cache.items() if key != "options")
@@ -323,7 +326,8 @@ def test_a_causal_scheme_whose_shift_reads_later_tokens_fails_causality_not_the_
     """A tester's finding: an unmasked shift of reach 4 in a causal scheme reads later tokens; its emitted module
     refuses to decode with a cache at the check's positions (1, 3, 5, …), and that refusal crashed every causality
     statement ("emitted/<scheme> crashed"). Now block, stack and next-token fail, saying what moved, and the cached
-    decoding is skipped quoting the refusal; control: the masked shift holds all four."""
+    decoding is skipped quoting the refusal (the module's ``LateTokenRead``; another ValueError of the cache is a
+    failure); control: the masked shift holds all four."""
     from splitformer.codegen.verification.causality import causality_checks
 
     for masked, holds in (("false", False), ("true", True)):

@@ -32,12 +32,12 @@ PENALTIES = {
 }
 
 
-def _witness(activation: Activation, samples: tuple[sp.Rational, ...] = ()) -> str | None:
-    """The point of ``SAMPLES`` (and ``samples``) where σ' leaves [0, 1] the most, if any: a witness refutes the
-    claim; none proves nothing."""
+def _witness(activation: Activation, samples: tuple[sp.Rational, ...] = SAMPLES) -> str | None:
+    """The point of ``samples`` (the eighths of [−6, 6] unless given) where σ' leaves [0, 1] the most, if any: a
+    witness refutes the claim; none proves nothing."""
     slope = sp.diff(activation.formula, S.v)
     worst, excess = None, sp.Integer(0)
-    for v in SAMPLES + samples:
+    for v in samples:
         value = slope.evalf(30, subs={S.v: v})  # numerically at v: substituting first rebuilds the tree
         if not value.is_real:
             continue
@@ -223,7 +223,7 @@ def _decided(name: str, activation: Activation) -> tuple[bool, str, str]:
         except OutOfTime:  # a tester's narrow bump: solveset of σ'' = 0 ran for minutes
             late = f"SymPy did not decide within {SYMPY_SECONDS:g} s; "
         if witness is None and extremes is None:
-            witness = _witness(activation, FAR_SAMPLES) or _dense_witness(activation)
+            witness = _witness(activation, FAR_SAMPLES) or _dense_witness(activation)  # the eighths held
         elif extremes is not None:
             outside = [(where, value) for where, value in extremes if not 0 <= value <= 1]
             if outside:

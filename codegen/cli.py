@@ -450,7 +450,9 @@ def _study_command(commands) -> None:
                      "mqar, multi-query associative recall generated on the fly, train the scheme made causal\n"
                      "as a language model (splitformer.nn.LanguageModel); digits, scikit-learn's 8×8 digit\n"
                      "images, trains a splitformer.nn.Classifier over the scheme's stack. Writes OUT/study.md,\n"
-                     "OUT/study.json and OUT/loss.png; prints the table. One progress line per run goes to stderr.")
+                     "OUT/study.json and OUT/loss.png; prints the table. One progress line per run goes to stderr.\n"
+                     "Each run is kept in OUT/runs/ as it ends: the same command after an interrupt trains only\n"
+                     "the runs it had not finished, and one with a scheme added trains only that scheme's.")
     study.add_argument("schemes", nargs="+", metavar="SCHEME", help=_SCHEME)
     study.add_argument("--task", choices=TASKS, default="chars", help="chars (default), mqar, or digits (needs scikit-learn)")
     for name, help_text in (("steps", "optimizer steps per run"), ("seeds", "runs per scheme (seeds 0, 1, …)"),
@@ -472,7 +474,8 @@ def _study_command(commands) -> None:
 
 def _study(arguments: argparse.Namespace) -> str:
     from .output import as_folder, check_files, check_writable
-    from .study import FILES, SEQUENCES, Budget, study
+    from .study import FILES, RUNS, SEQUENCES, Budget, study
+    from .study_runs import RunStore
 
     out = as_folder(arguments.out, "--out")
     check_files([out / name for name in FILES], force=arguments.force, root=out, changing=True)  # before training
@@ -488,7 +491,15 @@ def _study(arguments: argparse.Namespace) -> str:
     given = {name: getattr(arguments, name) for name in ("steps", "seeds", "d_model", "n_layers", "batch", "tokens",
                                                          "threads", "lr")}
     budget = Budget(**{name: value for name, value in given.items() if value is not None})
-    result = study(arguments.schemes, arguments.task, budget)
+    runs = RunStore(out / RUNS, arguments.task, root=out, force=arguments.force)
+    try:
+        result = study(arguments.schemes, arguments.task, budget, runs=runs)
+    except KeyboardInterrupt:
+        if runs.finished:
+            _clear_progress_line()
+            _stderr_line(f"{len(runs.finished)} finished run{'s' * (len(runs.finished) > 1)} kept in {runs.folder}: "
+                         "the same command takes them up")
+        raise
     paths = result.write(out, force=arguments.force)
     _stderr_line("wrote " + ", ".join(str(path) for path in paths))  # stdout holds the table alone, as compare's
     return result.as_markdown()

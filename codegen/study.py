@@ -42,12 +42,15 @@ from splitformer.symbolic.operators import OPERATOR_KINDS
 from splitformer.symbolic.plugins import plugin_file
 
 from .output import JSON_GENERATOR, as_folder, check_replaceable, write_files
+from .study_runs import Run, RunStore, json_numbers, run_key
 
-__all__ = ["Budget", "Study", "study", "TASKS", "FILES", "SEQUENCES"]
+__all__ = ["Budget", "Study", "study", "TASKS", "FILES", "RUNS", "SEQUENCES"]
 
 TASKS = ("chars", "mqar", "digits")
 #: What ``Study.write(out)`` and ``splitformer study --out`` write into the folder.
 FILES = ("study.md", "study.json", "loss.png")
+#: The folder of ``--out`` where ``splitformer study`` keeps each run as it ends (``study(runs=…)``).
+RUNS = "runs"
 _ASCII = 128  # character vocabulary: ASCII, anything else read as '?'
 _WARM_UP = 20  # the most steps over which the learning rate rises linearly (a tenth of a shorter run's)
 _MQAR_KEYS, _MQAR_VALUES, _MQAR_PAIRS, _MQAR_QUERIES = 32, 32, 8, 8
@@ -292,17 +295,6 @@ def _rate(steps: int, step: int) -> float:
     return 0.5 * (1 + math.cos(math.pi * (step + 1 - warm) / (steps + 1 - warm)))
 
 
-@dataclass
-class Run:
-    """One variant from one seed: curves and final numbers."""
-
-    train_loss: list[float] = field(default_factory=list)
-    valid_steps: list[int] = field(default_factory=list)
-    valid_loss: list[float] = field(default_factory=list)
-    valid_accuracy: float | None = None
-    step_time: float = 0.0
-
-
 def _loss(logits, targets):
     import torch
 
@@ -364,17 +356,6 @@ def _spread(values: list[float]) -> tuple[float, float | None]:
     if len(values) == 1:
         return values[0], None
     return statistics.fmean(values), statistics.stdev(values) if all(map(math.isfinite, values)) else math.nan
-
-
-def _json_numbers(value):
-    """``value`` with every float that is not finite as None (``null``: JSON has no NaN or infinity)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {key: _json_numbers(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_numbers(item) for item in value]
-    return value
 
 
 def _counted(count: int, noun: str) -> str:
@@ -456,7 +437,7 @@ class Study:
                           "step_ms": 1000 * run.step_time,
                           **({} if self.task == "chars" else {"valid_accuracy": run.valid_accuracy})}
                          for run in variant["runs"]] for name, variant in self.variants.items()}
-        return _json_numbers({"task": self.task, "budget": self.budget.__dict__, "rows": rows, "curves": curves})
+        return json_numbers({"task": self.task, "budget": self.budget.__dict__, "rows": rows, "curves": curves})
 
     def plot(self, path: Path | None = None):
         """Training loss (mean over seeds, smoothed) and validation loss per variant: written to
@@ -515,6 +496,18 @@ class Study:
         return list(files)
 
 
+def _run(runs: RunStore | None, name: str, seed: int, key: str | None, steps: int, label: str, train) -> Run:
+    """One run: taken up from ``runs`` where it holds it under ``key``, else ``train(progress)`` (and kept there)."""
+    kept = None if runs is None else runs.taken_up(name, seed, key, steps)
+    if kept is not None:
+        print(f"{label}: taken up from {runs.path(name, seed)}", file=sys.stderr, flush=True)
+        return kept
+    run = train(_reporter(label, steps))
+    if runs is not None:
+        runs.keep(name, seed, key, run)
+    return run
+
+
 def _reporter(label: str, steps: int):
     terminal = sys.stderr.isatty()
     start = time.monotonic()
@@ -545,8 +538,13 @@ def _file_of(scheme) -> str | None:
     return None
 
 
-def study(schemes: list, task: str = "chars", budget: Budget = Budget()) -> Study:
-    """Train every scheme (a built-in name, scheme file or ``Scheme``) at the parameter count of the first."""
+def study(schemes: list, task: str = "chars", budget: Budget = Budget(),
+          runs: str | os.PathLike | RunStore | None = None) -> Study:
+    """Train every scheme (a built-in name, scheme file or ``Scheme``) at the parameter count of the first.
+
+    ``runs``: a folder where each run is kept as it ends and taken up by the same study later (``study_runs``): an
+    interrupted study, called again, trains only what it had not finished; a study with a variant more trains only
+    that one (where the first variant, whose count the others match, is the same)."""
     import torch
 
     if task not in TASKS:
@@ -565,17 +563,23 @@ def study(schemes: list, task: str = "chars", budget: Budget = Budget()) -> Stud
     counts = [_count(module, data, budget, width) for module, width in zip(modules, widths)]
     for name, count in zip(names, counts):
         _check_parameters(name, count)
+    if runs is not None and not isinstance(runs, RunStore):
+        runs = RunStore(as_folder(runs, "runs"), task)
+    if runs is not None:
+        runs.check(names, budget.seeds)
     result = Study(task, budget, data.sequence)
     total = len(modules) * budget.seeds
     threads = torch.get_num_threads()
     torch.set_num_threads(budget.threads)
     try:
         for index, (name, scheme, module, width, count) in enumerate(zip(names, schemes, modules, widths, counts)):
-            runs = []
+            trained = []
             for seed in range(budget.seeds):
                 label = f"[{index * budget.seeds + seed + 1}/{total}] {name} seed {seed}"
-                runs.append(_train(module, data, budget, width, seed, _reporter(label, budget.steps)))
-            result.variants[name] = {"parameters": count, "runs": runs,
+                key = None if runs is None else run_key(module, task, budget, width, seed)
+                trained.append(_run(runs, name, seed, key, budget.steps, label,
+                                    functools.partial(_train, module, data, budget, width, seed)))
+            result.variants[name] = {"parameters": count, "runs": trained,
                                      "d_ff": width if _reads_width(module, data, budget) else None,
                                      "source": _file_of(scheme), "plugins": _plugin_files(scheme)}
     finally:

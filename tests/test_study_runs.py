@@ -1,0 +1,122 @@
+"""A study's runs kept as they end (``study(runs=…)``, ``splitformer study``'s ``OUT/runs/``) and taken up again."""
+
+import json
+import math
+from dataclasses import replace
+
+import pytest
+
+import torch  # noqa: F401 - test dependencies: a broken install fails, never skips
+
+from splitformer.codegen import study as study_module
+from splitformer.codegen.cli import main
+from splitformer.codegen.study import Budget, study
+from splitformer.symbolic.errors import SplitformerError
+
+TINY = Budget(steps=3, seeds=2, d_model=8, n_heads=2, n_layers=1, d_ff=16, batch=2, tokens=8, eval_batches=1)
+
+
+def _numbers(result):
+    """Every run's curves and final numbers (the step times aside: a clock's)."""
+    return {name: [{key: value for key, value in run.items() if key != "step_ms"} for run in runs]
+            for name, runs in result.as_json()["curves"].items()}
+
+
+@pytest.fixture
+def trainings(monkeypatch):
+    """The (scheme width, seed) of each run trained, not taken up; ``interrupt_at``: the training that is
+    interrupted (Ctrl-C), counted from 1."""
+    trained, real = [], study_module._train
+
+    def train(module, task, budget, d_ff, seed, progress):
+        trained.append((d_ff, seed))
+        if len(trained) == train.interrupt_at:
+            raise KeyboardInterrupt
+        return real(module, task, budget, d_ff, seed, progress)
+
+    train.interrupt_at = 0
+    monkeypatch.setattr(study_module, "_train", train)
+    return train, trained
+
+
+def test_an_interrupted_study_called_again_trains_only_what_it_had_not_finished(tmp_path, trainings):
+    """Ctrl-C in the third of four runs: the two finished are kept; the same study again trains the other two and
+    gives every number an uninterrupted study gives (control: a study without ``runs`` in the same process)."""
+    train, trained = trainings
+    train.interrupt_at = 3
+    with pytest.raises(KeyboardInterrupt):
+        study(["pre-ln", "post-ln"], "chars", TINY, runs=tmp_path / "runs")
+    assert sorted(path.name for path in (tmp_path / "runs").iterdir()) == ["pre-ln-seed0.json", "pre-ln-seed1.json"]
+    train.interrupt_at, trained[:] = 0, []
+    resumed = study(["pre-ln", "post-ln"], "chars", TINY, runs=tmp_path / "runs")
+    assert [seed for _, seed in trained] == [0, 1]  # post-ln's two seeds alone
+    assert _numbers(resumed) == _numbers(study(["pre-ln", "post-ln"], "chars", TINY))
+
+
+def test_a_run_is_taken_up_only_under_the_same_key(tmp_path, trainings):
+    """Another budget, another first variant (the width the others match) or another scheme trains again; the same
+    study trains nothing."""
+    _, trained = trainings
+    runs = tmp_path / "runs"
+    budget = replace(TINY, seeds=1)
+    study(["pre-ln", "post-ln"], "chars", budget, runs=runs)
+    assert len(trained) == 2
+    study(["pre-ln", "post-ln"], "chars", budget, runs=runs)
+    assert len(trained) == 2
+    study(["pre-ln", "post-ln"], "chars", replace(budget, lr=1e-3), runs=runs)
+    assert len(trained) == 4
+    study(["macaron", "pre-ln"], "chars", replace(budget, lr=1e-3), runs=runs)  # pre-ln matched to macaron's count
+    assert len(trained) == 6
+
+
+@pytest.mark.parametrize("edit", [
+    lambda data: json.dumps(data)[:-20],  # cut short: its header whole
+    lambda data: json.dumps({**data, "key": "0" * 64}),
+    lambda data: json.dumps({**data, "run": {**data["run"], "train_loss": data["run"]["train_loss"][:-1]}}),
+    lambda data: json.dumps({**data, "run": {**data["run"], "valid_loss": "high"}}),
+    lambda data: json.dumps({**data, "run": {**data["run"], "valid_steps": [3, 3]}}),
+    lambda data: json.dumps({**data, "run": {**data["run"], "step_time": True}}),
+    lambda data: json.dumps({**data, "run": [data["run"]]}),
+])
+def test_a_kept_file_that_is_not_a_whole_run_of_the_key_is_trained_again(tmp_path, trainings, edit):
+    """A file of splitformer's (its header) holding no whole run of the key: the run is trained and kept again."""
+    _, trained = trainings
+    runs, budget = tmp_path / "runs", replace(TINY, seeds=1)
+    first = study(["pre-ln"], "chars", budget, runs=runs)
+    path = runs / "pre-ln-seed0.json"
+    path.write_text(edit(json.loads(path.read_text())))
+    again = study(["pre-ln"], "chars", budget, runs=runs)
+    assert len(trained) == 2 and _numbers(again) == _numbers(first)
+    assert json.loads(path.read_text())["run"]["train_loss"] == first.variants["pre-ln"]["runs"][0].train_loss
+
+
+def test_a_diverged_runs_losses_are_kept_as_null_and_taken_up_as_nan(tmp_path, trainings):
+    _, trained = trainings
+    runs, budget = tmp_path / "runs", replace(TINY, seeds=1)
+    study(["pre-ln"], "chars", budget, runs=runs)
+    path = runs / "pre-ln-seed0.json"
+    data = json.loads(path.read_text())
+    data["run"]["train_loss"][-1] = data["run"]["valid_loss"][-1] = None
+    path.write_text(json.dumps(data))
+    run = study(["pre-ln"], "chars", budget, runs=runs).variants["pre-ln"]["runs"][0]
+    assert len(trained) == 1 and math.isnan(run.train_loss[-1]) and math.isnan(run.valid_loss[-1])
+
+
+def test_a_file_splitformer_did_not_write_is_refused_before_training_unless_forced(tmp_path, capsys, monkeypatch):
+    (tmp_path / "out" / "runs").mkdir(parents=True)
+    (tmp_path / "out" / "runs" / "pre-ln-seed0.json").write_text('{"mine": 1}\n')
+    command = ["study", "pre-ln", "--steps", "1", "--seeds", "1", "--d-model", "8", "--layers", "1", "--batch", "2",
+               "--tokens", "8", "--out", str(tmp_path / "out")]
+    with monkeypatch.context() as patched:
+        patched.setattr(study_module, "_train", lambda *_: pytest.fail("trained before the runs were checked"))
+        assert main(command) == 2
+    assert "pre-ln-seed0.json exists and was not written by splitformer" in capsys.readouterr().err
+    assert main([*command, "--force"]) == 0
+    assert json.loads((tmp_path / "out" / "runs" / "pre-ln-seed0.json").read_text())["scheme"] == "pre-ln"
+    assert main(command) == 0 and "[1/1] pre-ln seed 0: taken up from" in capsys.readouterr().err
+
+
+def test_runs_must_be_a_folder(tmp_path):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SplitformerError, match="runs: .* exists and is not a folder"):
+        study(["pre-ln"], "chars", replace(TINY, seeds=1), runs=tmp_path / "file")

@@ -613,3 +613,33 @@ def test_an_attribute_a_timm_forward_reads_is_compared_as_built():
     with pytest.raises(SplitformerError, match=r"^Block\.mlp\.scale is an attribute Mlp does not have as built") as error:
         from_timm(block)
     one_line(error)
+
+
+# --- a stack's layers carry the reading ----------------------------------------------------------------------------
+
+def test_a_stacks_layers_refuse_a_call_that_would_not_compute_the_source(rng):
+    """A tester's finding: ``adapted.layers`` of a stack were plain dicts, so ``forward_stack(u, adapted.layers)``
+    without ``**forward_kwargs`` ran one head (30.5 off a trained-scale BERT), and a Stack of another head count or
+    another scheme's module took them. Each layer now refuses as a block's ``Adapted`` does; control: the documented
+    call, and a plain dict of the layer, which nothing refuses."""
+    post_ln = import_path(GENERATED / "numpy" / "post_ln.py", "_refusals_numpy_post_ln")
+    pre_ln = import_path(GENERATED / "numpy" / "pre_ln.py", "_refusals_numpy_pre_ln")
+    encoder = torch.nn.TransformerEncoder(encoder_layer(), 2, enable_nested_tensor=False)
+    randomize(encoder)
+    adapted = from_torch(encoder)
+    u = rng.standard_normal((2, 5, D))
+    with torch.no_grad():
+        expected = encoder(torch.from_numpy(u)).numpy()
+    assert np.abs(post_ln.forward_stack(u, adapted.layers, **adapted.forward_kwargs) - expected).max() < 1e-12
+    refusals = {
+        "the source was read with n_heads=": lambda: post_ln.forward_stack(u, adapted.layers),
+        "the source computes post-ln with relu; the module": lambda: pre_ln.forward_stack(u, adapted.layers,
+                                                                                           **adapted.forward_kwargs),
+        "the source has n_heads=": lambda: POST_LN.Stack(2, D, 1, D_FF, dtype=torch.float64).load_params(adapted.layers),
+        "the source was read with eps=": lambda: post_ln.forward(u, adapted.layers[1], n_heads=HEADS, eps=1e-3),
+    }
+    for message, call in refusals.items():
+        with pytest.raises(ValueError, match=f"^params: {message}"):
+            call()
+    plain = [dict(layer) for layer in adapted.layers]
+    assert np.abs(post_ln.forward_stack(u, plain) - expected).max() > 1e-3  # nothing refuses plain dicts

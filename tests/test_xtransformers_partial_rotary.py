@@ -81,7 +81,8 @@ def test_partial_rotary_decodes_token_by_token_and_its_controls_fail():
         steps = [stack(u[:, i:i + 1], cache=torch_cache).numpy() for i in range(6)]
     assert np.abs(np.concatenate(steps, axis=1) - expected).max() <= 1e-10
     full = parse_scheme(adapted.scheme_file.replace(", rotary_dim = 4", "").replace('name = "', 'name = "full-'))
-    rotated = derive(full).numpy_module().forward_stack(u.numpy(), list(adapted.layers), **adapted.forward_kwargs)
+    plain = [dict(layer) for layer in adapted.layers]  # not the reading, which the other scheme's module refuses
+    rotated = derive(full).numpy_module().forward_stack(u.numpy(), plain, **adapted.forward_kwargs)
     assert np.abs(rotated - expected).max() > 1e-3
     attention = [layer[1] for layer in source.layers if type(layer[1]).__name__ == "Attention"]
     unpermuted = [layer | {f"attn.W_{part}": getattr(attention[index], f"to_{part}").weight.detach().numpy().T

@@ -24,7 +24,7 @@ from splitformer.symbolic.errors import SplitformerError
 from .arrays import floating_dtype
 from .inspection import check_runs_its_classes
 
-__all__ = ["Adapted", "derive_adapted", "same_argument"]
+__all__ = ["Adapted", "AdaptedLayer", "derive_adapted", "same_argument"]
 
 Params = Mapping[str, np.ndarray]
 
@@ -77,6 +77,10 @@ class Adapted(Mapping[str, np.ndarray]):
     scheme_file: str = ""
     frozen: tuple[str, ...] = ()
     training: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.stack:  # each layer asks, as a block's reading does, why a call would not compute it
+            object.__setattr__(self, "layers", tuple(AdaptedLayer(layer, self) for layer in self.layers))
 
     # --- the canonical mapping of one block ---------------------------------------------
     @property
@@ -219,11 +223,12 @@ class Adapted(Mapping[str, np.ndarray]):
             return module.load_params(list(self.layers), self.final_norm)
         return module.load_params(self.params)
 
-    def unlike(self, target: Any, arguments: Mapping[str, Any] | None = None) -> str | None:
+    def unlike(self, target: Any, arguments: Mapping[str, Any] | None = None, layer: bool = False) -> str | None:
         """Why a generated module would not compute the source with these parameters, or ``None``: ``target`` a
         generated ``Block`` (``check_computes``), or a NumPy module's globals with the ``arguments`` of its call
         (its scheme, and the keyword arguments read: ``forward_kwargs``). The generated code asks it of ``params``
-        that carry it, so ``Block.load_params(adapted)`` and ``forward(u, adapted)`` refuse what ``load_into`` does."""
+        that carry it, so ``Block.load_params(adapted)`` and ``forward(u, adapted)`` refuse what ``load_into`` does;
+        ``layer``: of one layer of a stack (``AdaptedLayer``), which a stack's forward or ``load_params`` takes."""
         try:
             if arguments is None:
                 self.check_computes(target, layout=False)
@@ -231,7 +236,7 @@ class Adapted(Mapping[str, np.ndarray]):
             _check_scheme(self, target, f"the module {target.get('__name__', '')}".rstrip())
         except SplitformerError as error:
             return str(error)
-        if self.stack:
+        if self.stack and not layer:
             return (f"the source is a stack of {len(self.layers)} layers: give forward_stack its .layers, "
                     "with **forward_kwargs")
         if arguments.get("n_kv_heads", 0) is None:  # the forward's default: as many as the query heads
@@ -295,6 +300,21 @@ class Adapted(Mapping[str, np.ndarray]):
         layout = "" if self.batch_first else ", batch_first=False (the source's (tokens, batch, d); NumPy takes batch first)"
         return (f"Adapted({self.source[0]}.{self.source[1]} → {self.scheme} [{self.activation}], {shape}, {sizes}, "
                 f"n_heads={self.n_heads}, eps={self.eps}, bias={self.bias}{extra}, dtype={self.dtype}{layout})")
+
+
+class AdaptedLayer(dict):
+    """One layer of a stack an adapter read (``Adapted.layers[i]``): its canonical parameters (a dict), carrying the
+    reading, so that a generated forward, ``forward_stack`` or ``load_params`` given it refuses a call that would not
+    compute the source (another scheme, ``n_heads``, ``eps``, …) as it refuses a block's ``Adapted``. A dict made from
+    it (``dict(layer)``, ``layer | {…}``) is a plain one, which nothing refuses."""
+
+    def __init__(self, params: Params, adapted: Adapted):
+        super().__init__(params)
+        self.adapted = adapted
+
+    def unlike(self, target: Any, arguments: Mapping[str, Any] | None = None) -> str | None:
+        """``Adapted.unlike`` for this layer."""
+        return self.adapted.unlike(target, arguments, layer=True)
 
 
 @functools.lru_cache(maxsize=32)

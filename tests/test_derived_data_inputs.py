@@ -33,3 +33,29 @@ def test_a_data_input_that_requires_grad_is_refused_under_the_derived_backward(n
         _block(name, "derived")(_inputs(), **{argument: value})
     out = _block(name, "derived")(_inputs(), **{argument: value.detach()})  # control: as data, it runs
     assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("name", ["post_ln", "llama"])
+def test_the_derived_backward_refuses_autocast_by_name(name):
+    """A tester's finding: under ``torch.autocast`` the derived backward failed inside ``backward()`` with torch's
+    "expected scalar type BFloat16 but found Float" (the adjoint read autocast's mixed dtypes). Refused when called;
+    control: autograd runs under autocast, and the derived backward without it."""
+    u = _inputs().float().detach().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _block(name, "autograd").float()(u).float().sum().backward()
+        with pytest.raises(ValueError, match=r"^backward='derived' has no adjoint of autocast's mixed dtypes: use "
+                                             r"backward='autograd' under torch.autocast$"):
+            _block(name, "derived").float()(u)
+    _block(name, "derived").float()(u).sum().backward()
+    assert torch.isfinite(u.grad).all()
+
+
+def test_a_networks_derived_backward_refuses_autocast_too():
+    """Under autocast a network's derived Function computed in float32, ignoring it (its gradient 1.01 from
+    autocast's autograd one on a ResNet block): refused as a Block's; control: autograd under autocast runs."""
+    module = import_path(GENERATED / "torch" / "resnet_block.py")
+    x = torch.randn(2, 4, 8, 8, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.isfinite(module.Model(4, 4).eval()(x)).all()
+        with pytest.raises(ValueError, match=r"^backward='derived' has no adjoint of autocast's mixed dtypes"):
+            module.Model(4, 4, backward="derived").eval()(x)

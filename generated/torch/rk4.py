@@ -1444,6 +1444,9 @@ class Block(_CanonicalModule):
         """One step whose backward is the derived adjoint (``_DerivedStep``)."""
         if dropout_p > 0.0:
             raise ValueError("backward='derived' has no dropout: use dropout=0 or eval mode")
+        if _autocast():  # its adjoint reads the kept arrays in the parameters' dtype, autocast computed them in another
+            raise ValueError("backward='derived' has no adjoint of autocast's mixed dtypes: use backward='autograd' "
+                             "under torch.autocast")
         if chi is not None and chi.requires_grad:
             raise ValueError("backward='derived' reads key_padding_mask and src_mask as data, and one requires grad here: "
                              "it has no derived gradient; use backward='autograd'")

@@ -46,13 +46,14 @@ def _memory_support(memory_key_padding_mask, batch, n_tokens, n_memory):
 
 
 def _positions(positions, batch, n_tokens, offset, dtype):
-    """Token positions p[b, i]: ``offset … offset + n_tokens − 1`` unless given ((tokens,) or (batch, tokens))."""
+    """Token positions p[b, i]: ``offset … offset + n_tokens − 1`` unless given ((tokens,), (1, tokens), as
+    transformers' ``position_ids``, or (batch, tokens))."""
     if positions is None:
         return np.broadcast_to(np.arange(offset, offset + n_tokens, dtype=dtype), (batch, n_tokens))
     positions = _array("positions", positions)
-    if positions.dtype.kind not in "fiu" or positions.shape not in ((n_tokens,), (batch, n_tokens)):
-        raise ValueError(f"positions must be real numbers of shape {(n_tokens,)} or {(batch, n_tokens)}, got "
-                         f"{positions.dtype} {positions.shape}")
+    if positions.dtype.kind not in "fiu" or positions.shape not in ((n_tokens,), (1, n_tokens), (batch, n_tokens)):
+        raise ValueError(f"positions must be real numbers of shape {(n_tokens,)}, {(1, n_tokens)} or "
+                         f"{(batch, n_tokens)}, got {positions.dtype} {positions.shape}")
     if positions.dtype.kind == "f" and not np.isfinite(positions).all():
         raise ValueError(f"positions must be finite, got {positions[~np.isfinite(positions)][0]}")
     return np.broadcast_to(positions.astype(dtype), (batch, n_tokens))

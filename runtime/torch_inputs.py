@@ -46,17 +46,18 @@ def _positions_dtype(like: torch.Tensor) -> None:
 
 def _positions(positions: torch.Tensor | None, batch: int, n_tokens: int, offset: int,
                like: torch.Tensor) -> torch.Tensor:
-    """Token positions p[b, i]: ``offset … offset + n_tokens − 1`` unless given ((tokens,) or (batch, tokens); checked
-    finite unless a trace, torch.compile or an export records the call), in the dtype of ``like`` (float32 or wider:
-    ``_positions_dtype``)."""
+    """Token positions p[b, i]: ``offset … offset + n_tokens − 1`` unless given ((tokens,), (1, tokens), as
+    transformers' ``position_ids``, or (batch, tokens); checked finite unless a trace, torch.compile or an export
+    records the call), in the dtype of ``like`` (float32 or wider: ``_positions_dtype``)."""
     _positions_dtype(like)
     if positions is None:
         return torch.arange(offset, offset + n_tokens, dtype=like.dtype, device=like.device).expand(batch, n_tokens)
     positions = torch.as_tensor(positions, device=like.device)
     shape = list(positions.shape)
-    if positions.dtype == torch.bool or positions.is_complex() or (shape != [n_tokens] and shape != [batch, n_tokens]):
-        raise ValueError(f"positions must be real numbers of shape {[n_tokens]} or {[batch, n_tokens]}, got "
-                         f"{positions.dtype} {shape}")
+    if positions.dtype == torch.bool or positions.is_complex() or (
+            shape != [n_tokens] and shape != [1, n_tokens] and shape != [batch, n_tokens]):
+        raise ValueError(f"positions must be real numbers of shape {[n_tokens]}, {[1, n_tokens]} or "
+                         f"{[batch, n_tokens]}, got {positions.dtype} {shape}")
     # a meta tensor has no values to check; a recorded graph runs on any positions (NaN reaches the result, as in u)
     if positions.is_floating_point() and not positions.is_meta and (torch.jit.is_scripting() or not _recorded()):
         outside = positions[~torch.isfinite(positions)]

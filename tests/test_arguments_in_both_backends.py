@@ -241,11 +241,16 @@ def test_positions_must_be_real_in_both_backends():
                                                                  positions=positions)).startswith(message)
         assert _message(ValueError, lambda: _block("llama").load_params(params)(
             torch.tensor(u), positions=torch.tensor(positions))).startswith(message)
-    # integers and fractional positions are fine, and agree
-    for positions in (np.arange(5), np.arange(5) * 0.5):
+    # integers and fractional positions are fine, and agree; (1, tokens), transformers' position_ids, as (tokens,)
+    for positions in (np.arange(5), np.arange(5) * 0.5, np.arange(5)[None] * 0.5):
         out = numpy_module.forward(u, params, n_heads=2, n_kv_heads=1, positions=positions)
         torch_out = _block("llama").load_params(params)(torch.tensor(u), positions=torch.tensor(positions))
         assert np.abs(out - torch_out.detach().numpy()).max() <= 1e-10 * np.abs(out).max()
+        assert np.array_equal(out, numpy_module.forward(u, params, n_heads=2, n_kv_heads=1,
+                                                        positions=np.broadcast_to(positions, u.shape[:2])))
+    for positions in (np.arange(15).reshape(3, 5), np.arange(5)[None, None]):  # control: other shapes are refused
+        assert _message(ValueError, lambda: numpy_module.forward(u, params, n_heads=2, n_kv_heads=1,
+                                                                 positions=positions)).startswith(message)
 
 
 # --- 5. grad_out, cache, dtype ---------------------------------------------------------------

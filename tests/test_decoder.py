@@ -487,6 +487,12 @@ def test_bad_memory_is_named(rng):
         numpy_module.forward(u, np.zeros((2, 4, 8), np.float32), params, n_heads=2)
     with pytest.raises(ValueError, match=r"got float64 \(5, 6\)$"):
         numpy_module.forward(u, rng.standard_normal((5, 6)), params, n_heads=2)
+    # tester s42: the torch Block named a (tokens, d) memory by its shape seen as one sequence's ([1, 4, 8])
+    with pytest.raises(ValueError, match=r"^memory must be torch.float64 of shape \(batch=2, memory tokens, d=8\), got "
+                                         r"torch.float64 \[4, 8\]$"):
+        block(torch.tensor(u), torch.zeros(4, 8, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"d=8\), or \(memory tokens, d\) for one sequence, got torch.float64 \[4, 6\]$"):
+        block(torch.tensor(u[:1]), torch.zeros(4, 6, dtype=torch.float64))
     assert numpy_module.forward(u, rng.standard_normal((2, 4, 8)), params, n_heads=2).shape == u.shape
 
 

@@ -423,7 +423,8 @@ def _memory(memory, batch, d, dtype):
     memory = given[None] if given.ndim == 2 else given
     if not np.issubdtype(memory.dtype, np.floating) or memory.ndim != 3 or memory.shape[0] != batch \
             or memory.shape[2] != d:
-        raise ValueError(f"memory must be floating of shape (batch={batch}, memory tokens, d={d}), got "
+        raise ValueError(f"memory must be floating of shape (batch={batch}, memory tokens, d={d})"
+                         f"{', or (memory tokens, d) for one sequence' if batch == 1 else ''}, got "
                          f"{given.dtype} {given.shape}")
     if memory.dtype != dtype:  # as the parameters: a state of one precision, as the torch Block asks
         raise ValueError(f"memory has dtype {memory.dtype}, u {np.dtype(dtype)}")

@@ -1131,10 +1131,12 @@ def _support(key_padding_mask: torch.Tensor | None, attn_mask: torch.Tensor | No
 
 def _memory(memory: torch.Tensor, batch: int, d: int, like: torch.Tensor) -> torch.Tensor:
     """The memory m[b, t, k] an operator reads (its declared input), held fixed over the step."""
-    memory = memory[None] if memory.dim() == 2 else memory
+    given = memory
+    memory = memory[None] if memory.dim() == 2 else memory  # (memory tokens, d): one sequence's
     if memory.dim() != 3 or memory.shape[0] != batch or memory.shape[2] != d or memory.dtype != like.dtype:
-        raise ValueError(f"memory must be {like.dtype} of shape (batch={batch}, memory tokens, d={d}), got "
-                         f"{memory.dtype} {list(memory.shape)}")
+        raise ValueError(f"memory must be {like.dtype} of shape (batch={batch}, memory tokens, d={d})"
+                         f"{', or (memory tokens, d) for one sequence' if batch == 1 else ''}, got "
+                         f"{given.dtype} {list(given.shape)}")
     if memory.device != like.device:
         raise ValueError(f"memory is on {memory.device}, u on {like.device}")
     return memory

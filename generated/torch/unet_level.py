@@ -493,12 +493,12 @@ def _checked(u, params, stride, eps):
     p.update(_table(params, TRANSFER_PARAMETERS, sizes, u.dtype) if has_transfer else {})
     axes = [_grids(n, stride) for n in u.shape[2:]]
     if any(fewest < 1 for *_, fewest_f, fewest_r in axes for fewest in ((fewest_f, fewest_r) if has_transfer else (fewest_f,))):
-        raise ValueError(f"u of shape {tuple(u.shape)} is too small for stride {stride}: a grid of F"
+        raise ValueError(f"u of shape {tuple(u.shape)} is too small: a grid of F"
                          f"{' or R' if has_transfer else ''} would have no points")
     grids = [(f, r if has_transfer else n) for (f, r, *_), n in zip(axes, u.shape[2:])]
     channels = (sizes["n_channels"], sizes["n_channels"] if has_transfer else sizes["n_channels"])
     if channels[0] != channels[1] or any(f != r for f, r in grids):
-        raise ValueError(f"u of shape {tuple(u.shape)} with stride {stride}: F(u) has {channels[0]} channels on a "
+        raise ValueError(f"u of shape {tuple(u.shape)}: F(u) has {channels[0]} channels on a "
                          f"{grids[0][0]}x{grids[1][0]} grid, R u {channels[1]} on {grids[0][1]}x{grids[1][1]}; "
                          "they must agree")
     return u, [(_step_identity, p, {"stride": stride}, "")], (u.shape[0], channels[0], grids[0][0], grids[1][0])

@@ -203,6 +203,10 @@ def test_repr_shows_scheme_sizes_and_shapes():
     assert "pre-ln, final_norm=True" in text
     assert "pre-ln, activation=gelu, d_model=8, n_heads=2, d_ff=12, eps=1e-05, bias=True, dropout=0.1, batch_first=True" in text
     assert "(attn): _Group(W_q: (8, 8), b_q: (8,)" in text and "(final_norm): _Group(gain: (8,), bias: (8,))" in text
+    # tester s42: bias=False listed its zero biases (buffers no state_dict holds) among the parameters
+    text = repr(torch_module("pre_ln_gelu").Stack(2, D, HEADS, D_FF, bias=False))
+    assert "(attn): _Group(W_q: (8, 8), W_k: (8, 8), W_v: (8, 8), W_o: (8, 8))" in text
+    assert "(final_norm): _Group(gain: (8,))" in text and "b_q" not in text and "bias:" not in text
 
 
 # --- TorchScript ---------------------------------------------------------------------------------------------------

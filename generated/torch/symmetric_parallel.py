@@ -1042,7 +1042,10 @@ class _Group(torch.nn.Module):
     """The parameters of one operator, under their canonical names (``attn.W_q``)."""
 
     def extra_repr(self):
-        tensors = [*self.named_parameters(recurse=False), *self.named_buffers(recurse=False)]
+        """Each parameter's shape, and each buffer's that a state_dict holds (not ``bias=False``'s zero biases)."""
+        tensors = [*self.named_parameters(recurse=False), *(
+            (name, buffer) for name, buffer in self.named_buffers(recurse=False)
+            if name not in self._non_persistent_buffers_set)]
         return ", ".join(f"{name}: {tuple(tensor.shape)}" for name, tensor in tensors)
 
 

@@ -139,3 +139,19 @@ def test_braces_in_user_text_set_no_attributes():
     shown = markdown.markdown(markdown_text(text), extensions=["attr_list"])
     assert "onmouseover=alert" in shown and 'onmouseover="' not in shown, shown
     assert 'onmouseover="alert(document.domain)"' in markdown.markdown(text, extensions=["attr_list"])
+
+
+def test_a_parallel_branch_that_is_a_projection_derives_and_its_title_shows_as_text(tmp_path):
+    """A fuzzer's finding (s42): a branch of a parallel step that is one projection is titled ``Proj[relu1](u)``,
+    which Markdown reads as a link, so the guard refused to write the report of a valid scheme. Substep titles are
+    text: escaped, shown as written; control: the title is in the report, and the guard stands."""
+    import splitformer
+    from splitformer.symbolic import parse_scheme
+
+    scheme = parse_scheme('name = "branch-projection"\nsummary = "s"\n[operators]\nattn = "attention"\n'
+                          'relu1 = "nonnegative"\n[[steps]]\nparallel = [[{ operator = "attn", solver = "explicit" }], '
+                          '[{ operator = "relu1", solver = "projection" }]]\nweights = ["1/2", "1/2"]\n')
+    report = splitformer.derive(scheme).report
+    assert "### substep 1: parallel: 1/2·(u + Δt·attn(u)) + 1/2·Proj\\[relu1\\](u)" in report
+    with pytest.raises(SplitformerError, match="would render a link"):
+        inert(report.replace("Proj\\[relu1\\](u)", "Proj[relu1](u)"), "the report")

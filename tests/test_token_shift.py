@@ -209,7 +209,8 @@ def test_padded_sequences_equal_xtransformers_on_the_valid_tokens(cls, depth, sh
     if shift_tokens in (1, 2, (0, 1)):  # the feed-forward is shifted
         kept_as_queries = splitformer.derive(parse_scheme(
             adapted.scheme_file.replace("padded_queries_outside = true", "padded_queries_outside = false")))
-        wrong = kept_as_queries.numpy_module().forward_stack(u.numpy(), layers, **options)
+        plain = [dict(layer) for layer in layers]  # not the reading, which the other scheme's module refuses
+        wrong = kept_as_queries.numpy_module().forward_stack(u.numpy(), plain, **options)
     else:
         wrong = numpy_module.forward_stack(u.numpy(), layers, **adapted.forward_kwargs)
     assert np.abs(wrong - expected)[valid].max() > 1e-3
@@ -238,7 +239,8 @@ def test_padded_rows_equal_xtransformers_with_a_float_mask_too():
             assert np.abs(stack(u, key_padding_mask=mask).numpy() - expected).max() <= 1e-10
     kept = splitformer.derive(parse_scheme(adapted.scheme_file.replace("padded_queries_outside = true",
                                                                        "padded_queries_outside = false")))
-    wrong = kept.numpy_module().forward_stack(u.numpy(), list(adapted.layers), key_padding_mask=padding.numpy(),
+    wrong = kept.numpy_module().forward_stack(u.numpy(), [dict(layer) for layer in adapted.layers],  # not the reading
+                                              key_padding_mask=padding.numpy(),
                                               **adapted.forward_kwargs)
     assert np.abs(wrong - expected)[padding.numpy()].max() > 1e-3
 

@@ -129,7 +129,7 @@ def any_grid(spec: GridNetworkSpec, module, rng, transfers: tuple[bool, ...] | N
         try:
             output = function(pixels, params, **options)
         except ValueError as error:  # refused; "u … is too small": a grid of no nodes, the image too small for its kernels
-            small = small or " is too small for stride " in str(error)
+            small = small or (str(error).startswith("u of shape ") and " is too small" in str(error))
             continue
         if np.size(output) == 0:  # an empty output all the same (a module that does not refuse it)
             small = True

@@ -7,7 +7,8 @@ and more), against RK4 for ``u_t = Σ c_k A_k(u)`` (``converged_reference``: fro
 doubled while its own error, estimated by Richardson, exceeds 10⁻⁴ of the scheme's smallest;
 at most 512 steps, 2048 for order 3 and more). Projection substeps are held out (the
 identity), as in the series analysis. The slope of log error against log Δt over the finest
-steps is the empirical order. Cross-attention reads
+steps is the empirical order, where those steps are in the asymptotic range (``asymptotic``: their local slopes
+agree), N_t doubled up to three times more until they are; stiff frozen fields may keep them out of it. Cross-attention reads
 a random memory held fixed over ``[0, T]``; rotary attention the positions ``0 … N−1``.
 """
 
@@ -27,7 +28,7 @@ from .parameters import random_parameters
 from .semantics import FLOAT, Semantics, Sizes
 
 __all__ = ["Study", "smooth_variant", "convergence_study", "plot_study", "plot_studies", "reference_flow",
-           "converged_reference"]
+           "converged_reference", "asymptotic", "local_slopes"]
 
 SIZES = Sizes(tokens=4, features=4, heads=2, hidden=8)
 MEMORY_TOKENS = 3
@@ -42,6 +43,10 @@ REFERENCE_START, REFERENCE_TOLERANCE = 64, 1e-4
 #: With exact sub-flows: coarser steps (high splitting orders reach the reference's error
 #: sooner), each substep's flow integrated by RK4 in pieces of at most ``SUBFLOW_STEP``.
 SUBFLOW_STEPS, SUBFLOW_STEP = (1, 2, 4, 8, 16), 1 / 256
+#: The asymptotic range: the two local slopes of the three finest errors agree within ``SLOPE_AGREEMENT``. Where they
+#: do not (stiff frozen fields: an error flat at 0.5 down to N_t = 32, then 10⁵ smaller in one halving), N_t is doubled
+#: up to ``EXTRA_DOUBLINGS`` times, unless the finest error is below ``ERROR_FLOOR`` (near the reference's own).
+SLOPE_AGREEMENT, EXTRA_DOUBLINGS, ERROR_FLOOR = 0.15, 3, 1e-9
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,23 @@ class Study:
     slope: float
     #: Whether the reference (the flow at T = 1) is finite: a field growing faster than the state can blow up before.
     finite_reference: bool = True
+    #: Whether the finest errors are in the asymptotic range (``asymptotic``), where a slope is an order.
+    asymptotic: bool = True
+
+
+def local_slopes(steps, errors) -> np.ndarray:
+    """The slopes of log error against log Δt between consecutive studies."""
+    return np.diff(np.log(np.asarray(errors, dtype=float))) / np.diff(np.log(1 / np.asarray(steps, dtype=float)))
+
+
+def asymptotic(steps, errors) -> bool:
+    """Whether the three finest errors lie on one line of log error against log Δt (``SLOPE_AGREEMENT``), or refining
+    cannot tell more: an error that is not finite and positive, or the finest below ``ERROR_FLOOR``."""
+    finest = np.asarray(errors[-3:], dtype=float)
+    if len(finest) < 3 or not (np.isfinite(finest).all() and (finest > 0).all()) or finest[-1] < ERROR_FLOOR:
+        return True
+    first, second = local_slopes(steps[-3:], finest)
+    return bool(abs(second - first) <= SLOPE_AGREEMENT)
 
 
 def reference_flow(semantics: Semantics, scheme: Scheme, u: np.ndarray, steps: int = REFERENCE_STEPS,
@@ -145,22 +167,37 @@ def convergence_study(scheme: Scheme, seed: int = 0, order: int | None = None, e
     steps = SUBFLOW_STEPS if exact_subflows else STEPS + FINE_STEPS if fine and order <= 4 else STEPS
     memory = np.random.default_rng(seed + 2).standard_normal((MEMORY_TOKENS, SIZES.features))
     flow = Semantics(smooth, params, SIZES, FLOAT, eps=1e-5, projections=False, memory=memory)
-    solutions = []
+
+    def solution(count: int) -> np.ndarray:
+        semantics = Semantics(smooth, params, SIZES, FLOAT, eps=1e-5, time_step=HORIZON / count,
+                              projections=False, memory=memory)
+        step = _exact_subflows_step(flow, smooth, HORIZON / count) if exact_subflows else semantics.step
+        u = u0
+        for _ in range(count):
+            u = step(u)
+        return u
+
+    steps = list(steps)
     with np.errstate(all="ignore"):  # a flow that blows up is reported (finite_reference, the errors), not warned about
-        for count in steps:
-            semantics = Semantics(smooth, params, SIZES, FLOAT, eps=1e-5, time_step=HORIZON / count,
-                                  projections=False, memory=memory)
-            step = _exact_subflows_step(flow, smooth, HORIZON / count) if exact_subflows else semantics.step
-            u = u0
-            for _ in range(count):
-                u = step(u)
-            solutions.append(u)
-        exact, _ = converged_reference(flow, smooth, u0, solutions, FINE_REFERENCE_STEPS if fine else REFERENCE_STEPS)
-        errors = [float(np.abs(u - exact).max()) for u in solutions]
+        solutions = [solution(count) for count in steps]
+        for extra in range(EXTRA_DOUBLINGS + 1):
+            most = (FINE_REFERENCE_STEPS if fine else REFERENCE_STEPS) * 2 ** extra
+            exact, _ = converged_reference(flow, smooth, u0, solutions, most)
+            errors = [float(np.abs(u - exact).max()) for u in solutions]
+            if asymptotic(steps, errors) or extra == EXTRA_DOUBLINGS:
+                break
+            steps.append(2 * steps[-1])
+            solutions.append(solution(steps[-1]))
         finest = slice(-2, None) if exact_subflows else slice(-3, None)  # high orders: the last two steps
         x = np.log(HORIZON / np.array(steps, dtype=float))[finest]
         slope = float(np.polyfit(x, np.log(np.array(errors))[finest], 1)[0])
-    return Study(scheme.name, steps, tuple(errors), slope, bool(np.isfinite(exact).all()))
+    return Study(scheme.name, tuple(steps), tuple(errors), slope, bool(np.isfinite(exact).all()),
+                 asymptotic(steps, errors))
+
+
+def _range(study: Study) -> str:
+    """What a plot's legend adds to a study's slope outside the asymptotic range."""
+    return "" if study.asymptotic else ", not yet asymptotic"
 
 
 def _figure(width: float, height: float):
@@ -184,7 +221,7 @@ def plot_study(study: Study, order: int, path: Path) -> Path:
     steps = np.array([HORIZON / count for count in study.steps])
     errors = np.array(study.errors)
     figure, axes = _figure(4.8, 3.6)
-    axes.loglog(steps, errors, "o-", label=f"{study.scheme} (slope {study.slope:.2f})")
+    axes.loglog(steps, errors, "o-", label=f"{study.scheme} (slope {study.slope:.2f}{_range(study)})")
     axes.loglog(steps, errors[-1] * (steps / steps[-1]) ** order, "--", color="gray", label=f"order {order}")
     axes.set_xlabel("Δt")
     axes.set_ylabel("max error at T = 1")
@@ -207,7 +244,8 @@ def plot_studies(studies: list[Study], path: Path | None = None):
         if study not in measured:  # named in the legend, no points
             axes.plot([], [], "o-", markersize=3, label=f"{study.scheme} (not finite at T = 1: no error)")
             continue
-        axes.loglog(steps, study.errors, "o-", markersize=3, label=f"{study.scheme} (slope {study.slope:.2f})")
+        axes.loglog(steps, study.errors, "o-", markersize=3,
+                    label=f"{study.scheme} (slope {study.slope:.2f}{_range(study)})")
     axes.set_xlabel("Δt")
     axes.set_ylabel("max error at T = 1")
     axes.set_title("convergence of the schemes")

@@ -38,7 +38,7 @@ from splitformer.symbolic.names import check_distinct
 from .attention_kernel import attention_kernel_checks
 from .causality import causality_checks
 from .circuits import circuits_check
-from .convergence import Study, convergence_study, plot_studies, plot_study
+from .convergence import SLOPE_AGREEMENT, Study, convergence_study, local_slopes, plot_studies, plot_study
 from .groups import GROUPS
 from .guard import guarded
 from .network_adjoint_tests import network_adjoint_tests
@@ -183,6 +183,13 @@ def convergence_check(scheme: Scheme, study: Study, order: int, exact_subflows: 
                      "growing faster than the state, on a state no projection bounds), or it is too stiff for an "
                      "explicit reference (a field with a large Lipschitz constant: RK4 is unstable at its finest "
                      "step), or the evaluator has no finite value there; so there is no error to measure")
+    if not study.asymptotic:
+        slopes = ", ".join(f"{slope:.2f}" for slope in local_slopes(study.steps, study.errors))
+        return Check(name, scheme.name, statement, SKIPPED, True,
+                     f"not checked: the errors are not in the asymptotic range at N_t up to {study.steps[-1]} (errors "
+                     f"{errors}; local slopes {slopes}, the last two {SLOPE_AGREEMENT} or more apart): the frozen "
+                     "fields are stiff at the study's random state (a field normalized after it, its output small), so "
+                     "the slope of these steps is no order")
     finite = all(math.isfinite(error) for error in study.errors)
     above = finite and study.slope > order + TOLERANCE
     return Check(

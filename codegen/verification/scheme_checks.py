@@ -40,6 +40,7 @@ from .emitted import TORCH_MISSING, emitted_modules
 from .parameters import axis_extents, emitted_sizes, random_parameters, scheme_parameters
 from .semantics import MPMATH, SYMPY, OpaqueExp, OpaqueRelu, Semantics, Sizes, unevaluable
 from .structure import across_stack_check, stack_check, stream_stack_check
+from .time_bound import OutOfTime, within
 from .undefined import gap, undefined_note
 
 __all__ = ["scheme_checks", "skipped_because", "emitted_check", "derived_check", "EmittedInputs", "nesting", "DIGITS",
@@ -49,6 +50,10 @@ __all__ = ["scheme_checks", "skipped_because", "emitted_check", "derived_check",
 #: SymPy's cost grows exponentially with the nesting (a dense 10-stage tableau of a pre-LN field,
 #: 20 applications: about 6 s of CPU; 12 stages, 24: more than a minute).
 MAX_SYMBOLIC_NESTING = 20
+#: The real time SymPy may take for the symbolic comparison: beyond, it is skipped (the emitted modules are compared
+#: numerically). Built-in schemes take at most 0.4 s; a Strang step of RMS-normalized attention around a feed-forward
+#: ran for minutes in SymPy's assumptions (a fuzzer's finding).
+SYMBOLIC_SECONDS = 60.0
 #: The most work (``emitted_work``, a count) the emitted check's 50-digit evaluator may do, about a
 #: microsecond of CPU each: the densest scheme the bounds allow (a 16-stage tableau of four fields
 #: on projected states, 64 evaluations) needs 4 080 640 with attention, feed-forward and LayerNorm
@@ -356,6 +361,20 @@ def derived_check(scheme: Scheme, program: Program) -> Check:
     )
 
 
+def _bounded_derived_check(scheme: Scheme, program: Program) -> Check:
+    """``derived_check``, skipped saying so where SymPy does not finish within ``SYMBOLIC_SECONDS`` (``within``: in
+    the main thread; elsewhere unbounded)."""
+    try:
+        return within(SYMBOLIC_SECONDS, lambda: derived_check(scheme, program))
+    except OutOfTime:
+        return Check(f"semantics/{scheme.name}/derived", scheme.name,
+                     f"The derived program of {scheme.name} equals one step of the scheme as the independent evaluator "
+                     "defines it (symbolic comparison at a tiny size).", SKIPPED, True,
+                     f"skipped: SymPy did not finish the symbolic comparison within {SYMBOLIC_SECONDS:g} s (its "
+                     "expressions swell with nested normalizations and softmaxes); the emitted modules are compared "
+                     "with the evaluator numerically")
+
+
 def _activation(scheme: Scheme, alone: bool = False) -> str:
     """The scheme's activation as a check names it, where its operators take one: ``"relu, "`` (or ``" (relu)"``
     ``alone``); else nothing (a label for an activation no operator reads misled a tester)."""
@@ -444,7 +463,7 @@ def scheme_checks(scheme: Scheme, program: Program) -> list[Check]:
                         "nesting); split the step into more steps (fewer stages or substeps each) to have it; "
                         "the emitted modules are compared with the evaluator numerically")
     elif emitted.holds:
-        derived = derived_check(scheme, program)
+        derived = _bounded_derived_check(scheme, program)
     else:  # a wrong program makes the symbolic comparison very slow; the numbers already refute it
         derived = Check(f"semantics/{scheme.name}/derived", scheme.name,
                         f"The derived program of {scheme.name} equals one step of the scheme as the independent "

@@ -2,7 +2,8 @@
 
 ``splitformer study --out DIR`` keeps each finished run (one variant from one seed) in ``DIR/runs/NAME-seedK.json``
 with the key of what it was computed from: the emitted module's source, the task, the budget, the variant's
-feed-forward width, the seed and the versions of splitformer, Python, NumPy and torch. A later study takes a kept run up
+feed-forward width, the seed and the versions of splitformer, Python, NumPy and torch (and scikit-learn, whose images
+the digits task reads). A later study takes a kept run up
 where every one of them is the same (the numbers it would compute again, as training from a seed on one thread is
 deterministic) and trains where any differs, or where the file is not a whole run of that key.
 """
@@ -58,8 +59,13 @@ def run_key(module, task: str, budget, d_ff: int, seed: int) -> str | None:
         source = inspect.getsource(module)
     except (OSError, TypeError):
         return None
+    versions = [__version__, platform.python_version(), np.__version__, torch.__version__]
+    if task == "digits":  # its images are scikit-learn's
+        import sklearn
+
+        versions.append(sklearn.__version__)
     fields = {"source": source, "task": task, "budget": asdict(budget), "d_ff": d_ff, "seed": seed,
-              "versions": [__version__, platform.python_version(), np.__version__, torch.__version__]}
+              "versions": versions}
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode("utf-8")).hexdigest()
 
 

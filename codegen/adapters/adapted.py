@@ -78,9 +78,8 @@ class Adapted(Mapping[str, np.ndarray]):
     frozen: tuple[str, ...] = ()
     training: bool | None = None
 
-    def __post_init__(self) -> None:
-        if self.stack:  # each layer asks, as a block's reading does, why a call would not compute it
-            object.__setattr__(self, "layers", tuple(AdaptedLayer(layer, self) for layer in self.layers))
+    def __post_init__(self) -> None:  # each layer asks, as the reading does, why a call would not compute it
+        object.__setattr__(self, "layers", tuple(AdaptedLayer(layer, self) for layer in self.layers))
 
     # --- the canonical mapping of one block ---------------------------------------------
     @property

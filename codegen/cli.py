@@ -497,8 +497,9 @@ def _study(arguments: argparse.Namespace) -> str:
     except KeyboardInterrupt:
         if runs.finished:
             _clear_progress_line()
-            _stderr_line(f"{len(runs.finished)} finished run{'s' * (len(runs.finished) > 1)} kept in {runs.folder}: "
-                         "the same command takes them up")
+            many = len(runs.finished) > 1
+            _stderr_line(f"{len(runs.finished)} finished run{'s' * many} kept in {runs.folder}: the same command "
+                         f"takes {'them' if many else 'it'} up")
         raise
     paths = result.write(out, force=arguments.force)
     _stderr_line("wrote " + ", ".join(str(path) for path in paths))  # stdout holds the table alone, as compare's

@@ -2,8 +2,8 @@
 
 ``splitformer study --out DIR`` keeps each finished run (one variant from one seed) in ``DIR/runs/NAME-seedK.json``
 with the key of what it was computed from: the emitted module's source, the task, the budget, the variant's
-feed-forward width, the seed and the versions of splitformer, Python, NumPy and torch (and scikit-learn, whose images
-the digits task reads). A later study takes a kept run up
+feed-forward width, the seed, the versions of splitformer, Python, NumPy and torch (and scikit-learn, whose images
+the digits task reads), the source of the code that builds and trains a variant, and torch's default dtype. A later study takes a kept run up
 where every one of them is the same (the numbers it would compute again, as training from a seed on one thread is
 deterministic) and trains where any differs, or where the file is not a whole run of that key.
 """
@@ -65,8 +65,16 @@ def run_key(module, task: str, budget, d_ff: int, seed: int) -> str | None:
 
         versions.append(sklearn.__version__)
     fields = {"source": source, "task": task, "budget": asdict(budget), "d_ff": d_ff, "seed": seed,
-              "versions": versions}
+              "versions": versions, "training": _training_source(), "default_dtype": str(torch.get_default_dtype())}
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def _training_source() -> str:
+    """The source of the code that builds and trains a variant (``study``, ``nn``): an edit of it between two studies
+    (an editable install keeps its version) trains again."""
+    from . import nn, study
+
+    return inspect.getsource(study) + inspect.getsource(nn)
 
 
 def _number(value) -> float:

@@ -120,3 +120,23 @@ def test_runs_must_be_a_folder(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(SplitformerError, match="runs: .* exists and is not a folder"):
         study(["pre-ln"], "chars", replace(TINY, seeds=1), runs=tmp_path / "file")
+
+
+def test_torchs_default_dtype_and_the_training_code_are_in_the_key(tmp_path, trainings, monkeypatch):
+    """A reviewer's finding: a study after ``torch.set_default_dtype(torch.float64)`` took up the float32 run, and one
+    after an edit of the training code (an editable install keeps its version) the old run."""
+    from splitformer.codegen import study_runs
+
+    _, trained = trainings
+    runs, budget = tmp_path / "runs", replace(TINY, seeds=1)
+    study(["pre-ln"], "chars", budget, runs=runs)
+    previous = torch.get_default_dtype()
+    try:
+        torch.set_default_dtype(torch.float64)
+        study(["pre-ln"], "chars", budget, runs=runs)
+    finally:
+        torch.set_default_dtype(previous)
+    assert len(trained) == 2
+    monkeypatch.setattr(study_runs, "_training_source", lambda: "edited")
+    study(["pre-ln"], "chars", budget, runs=runs)
+    assert len(trained) == 3

@@ -182,7 +182,8 @@ def test_head_controls_are_parameters_of_a_block_without_biases():
         expected = source(u).numpy()
     stack = _derived(adapted).torch_module().Stack(1, DIM, heads, adapted.sizes["d_ff"], eps=adapted.eps, bias=False,
                                                    final_norm=True, dtype=torch.float64)
-    stack.load_params([dict(layer) for layer in adapted.layers], adapted.final_norm)  # zero biases: not the reading's
+    assert adapted.bias is False  # reviewer s42: read as bias=True, so this documented Stack was refused
+    stack.load_params(list(adapted.layers), adapted.final_norm)
     trained = {name.split(".", 2)[-1] for name, _ in stack.named_parameters()}
     assert {"attn.slopes", "attn.q_gain", "attn.k_gain", "attn.mix_pre", "attn.mix_post"} <= trained
     with torch.no_grad():

@@ -274,3 +274,22 @@ def test_custom_layers_that_spell_the_default_layout_are_read():
     with pytest.raises(SplitformerError, match="custom_layers"):
         from_xtransformers(x_transformers.Encoder(dim=16, depth=2, heads=2, attn_dim_head=8, attn_flash=True,
                                                   custom_layers=("a", "a", "f", "f")))
+
+
+def test_a_source_without_any_bias_builds_a_bias_free_stack_that_trains_and_writes_back():
+    """A reviewer's finding (s42): with ``ff_no_bias`` nothing of x-transformers has a bias, but the reading said
+    ``bias=True``: ``Stack(bias=False).load_params(adapted.layers)`` was refused and ``build`` gave a final-norm bias
+    that x-transformers cannot hold. Read as ``bias=False``: built without one, trained, written back; control: the
+    default feed-forward keeps its biases and the reading's ``bias=True``."""
+    source, target = _pair(x_transformers.Decoder, ff_no_bias=True)
+    adapted = from_xtransformers(source)
+    assert adapted.bias is False and from_xtransformers(_pair(x_transformers.Decoder)[0]).bias is True
+    stack = adapted.build(_derived(adapted).torch_module(), dtype=torch.float64)
+    assert not any(name.endswith("bias") or ".b_" in name for name, _ in stack.named_parameters())
+    optimizer = torch.optim.SGD(stack.parameters(), lr=0.1)
+    stack(torch.randn(2, 5, DIM, dtype=torch.float64)).pow(2).mean().backward()
+    optimizer.step()
+    target.load_state_dict(to_xtransformers(stack, target), strict=True)
+    u = torch.randn(2, 5, DIM, dtype=torch.float64)
+    with torch.no_grad():
+        assert (stack(u) - target(u)).abs().max() <= 1e-12

@@ -24,7 +24,7 @@ from splitformer.symbolic.errors import SplitformerError
 from .arrays import floating_dtype
 from .inspection import check_runs_its_classes
 
-__all__ = ["Adapted", "AdaptedLayer", "derive_adapted", "same_argument"]
+__all__ = ["Adapted", "AdaptedLayer", "derive_adapted", "is_bias", "same_argument"]
 
 Params = Mapping[str, np.ndarray]
 
@@ -168,7 +168,7 @@ class Adapted(Mapping[str, np.ndarray]):
     def _like(self, new: Params, old: Params, where: str) -> Params:
         """``new`` as arrays, checked to hold ``old``'s names and shapes; a bias-less source's Block holds no biases,
         so the canonical zeros of ``old`` stand in for them."""
-        new = {k: old[k] for k in old if not self.bias and _is_bias(k)} | {k: np.asarray(v) for k, v in new.items()}
+        new = {k: old[k] for k in old if not self.bias and is_bias(k)} | {k: np.asarray(v) for k, v in new.items()}
         mismatched = sorted(set(new) ^ set(old))
         if mismatched:
             name = mismatched[0]
@@ -263,7 +263,7 @@ class Adapted(Mapping[str, np.ndarray]):
         _check_own_classes(module, namespace)
         check_runs_its_classes(f"the {type(module).__name__}", module)
         wanted = {"n_heads": self.n_heads, "eps": self.eps, "bias": self.bias}
-        if not any(_is_bias(name) for table in ("PARAMETERS", "FINAL_NORM_PARAMETERS") for name in namespace.get(table, {})):
+        if not any(is_bias(name) for table in ("PARAMETERS", "FINAL_NORM_PARAMETERS") for name in namespace.get(table, {})):
             del wanted["bias"]  # a scheme without biases (llama): its Blocks' bias flag reads nothing
         if layout:
             wanted["batch_first"] = self.batch_first
@@ -341,7 +341,8 @@ def derive_adapted(scheme_file: str, scheme: str, activation: str, causal: bool)
     return derive(_computed_scheme(scheme_file, scheme, activation, causal))
 
 
-def _is_bias(name: str) -> bool:
+def is_bias(name: str) -> bool:
+    """Whether a canonical parameter name is a bias (``attn.b_q``, ``norm1.bias``)."""
     attribute = name.rsplit(".", 1)[-1]
     return attribute == "bias" or attribute.startswith("b_")
 

@@ -54,7 +54,7 @@ from splitformer.symbolic.toml_text import toml_value
 from splitformer.symbolic.gated_residual import GATES
 
 from .registry import adapter
-from .adapted import Adapted
+from .adapted import Adapted, is_bias
 from .arrays import array, linear_weight
 from .common import activation_name
 from .inspection import library_class, library_name
@@ -746,8 +746,12 @@ def read_attention_layers(layers: Any, *, probe: bool = True) -> Adapted:
         frozen += ("final_norm.gain",)
     if final_norm is not None and "bias" in final_norm:  # x-transformers' final LayerNorm has no bias
         frozen += ("final_norm.bias",)
+    # no bias anywhere (ff_no_bias: attention and norms have none): a bias=False Stack, whose final norm holds none
+    bias = any(is_bias(name) for block in blocks for name in block.params)
+    if not bias:
+        frozen = tuple(name for name in frozen if name != "final_norm.bias")
     adapted = Adapted(scheme=name, activation=activation, layers=tuple(block.params for block in blocks), n_heads=heads,
-                      eps=eps.pop(), source=("xtransformers", owner), final_norm=final_norm, stack=True,
+                      eps=eps.pop(), source=("xtransformers", owner), final_norm=final_norm, stack=True, bias=bias,
                       options=options, notes=tuple(notes), scheme_file=text, tied=tied, frozen=frozen)
     if probe:  # what a float64 copy reads (no rounding of a float32 source's γ + 1) against the copy's forward
         copy = randomized(_float64_copy(layers))  # random weights: no branch its own (zero-initialized) ones hide

@@ -643,3 +643,26 @@ def test_a_stacks_layers_refuse_a_call_that_would_not_compute_the_source(rng):
             call()
     plain = [dict(layer) for layer in adapted.layers]
     assert np.abs(post_ln.forward_stack(u, plain) - expected).max() > 1e-3  # nothing refuses plain dicts
+
+
+def test_a_reading_dropped_is_freed_without_the_cycle_collector():
+    """A reviewer's finding (s42): each layer held its ``Adapted``, which held the layers, a cycle that kept a
+    reading's weights alive until the collector ran. A layer holds the reading without its weights; control: the
+    layer still refuses a call that would not compute it."""
+    import gc
+    import weakref
+
+    encoder = torch.nn.TransformerEncoder(encoder_layer(), 2, enable_nested_tensor=False)
+    adapted = from_torch(encoder)
+    layer = adapted.layers[1]
+    with pytest.raises(ValueError, match="^params: the source has n_heads="):
+        POST_LN.Block(D, 1, D_FF, dtype=torch.float64).load_params(layer)
+    weights = weakref.ref(adapted.layers[0])
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        del adapted
+        assert weights() is None
+    finally:
+        if collecting:
+            gc.enable()

@@ -187,9 +187,10 @@ def convergence_check(scheme: Scheme, study: Study, order: int, exact_subflows: 
         slopes = ", ".join(f"{slope:.2f}" for slope in local_slopes(study.steps, study.errors))
         return Check(name, scheme.name, statement, SKIPPED, True,
                      f"not checked: the errors are not in the asymptotic range at N_t up to {study.steps[-1]} (errors "
-                     f"{errors}; local slopes {slopes}, the last two {SLOPE_AGREEMENT} or more apart): the frozen "
-                     "fields are stiff at the study's random state (a field normalized after it, its output small), so "
-                     "the slope of these steps is no order")
+                     f"{errors}; local slopes {slopes}, the last two {SLOPE_AGREEMENT} or more apart): the error is "
+                     "still in transition at these steps (stiff frozen fields at the study's random state, such as an "
+                     "output normalized by a then projection, or terms of two orders of unlike size), so the slope of "
+                     "these steps is no order")
     finite = all(math.isfinite(error) for error in study.errors)
     above = finite and study.slope > order + TOLERANCE
     return Check(

@@ -20,6 +20,7 @@ over seeds, step time, parameters) as markdown and JSON, and loss-curve plots.
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import math
 import numbers
@@ -496,6 +497,14 @@ class Study:
         return list(files)
 
 
+def _training_source() -> str:
+    """The source of the code that builds and trains a variant (this module, ``nn``): an edit of it between two
+    studies (an editable install keeps its version) trains again."""
+    from . import nn
+
+    return inspect.getsource(sys.modules[__name__]) + inspect.getsource(nn)
+
+
 def _run(runs: RunStore | None, name: str, seed: int, key: str | None, steps: int, label: str, train) -> Run:
     """One run: taken up from ``runs`` where it holds it under ``key``, else ``train(progress)`` (and kept there)."""
     kept = None if runs is None else runs.taken_up(name, seed, key, steps)
@@ -576,7 +585,7 @@ def study(schemes: list, task: str = "chars", budget: Budget = Budget(),
             trained = []
             for seed in range(budget.seeds):
                 label = f"[{index * budget.seeds + seed + 1}/{total}] {name} seed {seed}"
-                key = None if runs is None else run_key(module, task, budget, width, seed)
+                key = None if runs is None else run_key(module, task, budget, width, seed, _training_source())
                 trained.append(_run(runs, name, seed, key, budget.steps, label,
                                     functools.partial(_train, module, data, budget, width, seed)))
             result.variants[name] = {"parameters": count, "runs": trained,

@@ -50,9 +50,9 @@ def json_numbers(value):
     return value
 
 
-def run_key(module, task: str, budget, d_ff: int, seed: int) -> str | None:
-    """The digest of what a run computes from; None where the module's source cannot be read (one built in memory
-    by hand and passed in), whose runs are not kept."""
+def run_key(module, task: str, budget, d_ff: int, seed: int, training: str) -> str | None:
+    """The digest of what a run computes from (``training``: the source of the code that builds and trains it); None
+    where the module's source cannot be read (one built in memory by hand and passed in), whose runs are not kept."""
     import torch
 
     try:
@@ -65,16 +65,8 @@ def run_key(module, task: str, budget, d_ff: int, seed: int) -> str | None:
 
         versions.append(sklearn.__version__)
     fields = {"source": source, "task": task, "budget": asdict(budget), "d_ff": d_ff, "seed": seed,
-              "versions": versions, "training": _training_source(), "default_dtype": str(torch.get_default_dtype())}
+              "versions": versions, "training": training, "default_dtype": str(torch.get_default_dtype())}
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode("utf-8")).hexdigest()
-
-
-def _training_source() -> str:
-    """The source of the code that builds and trains a variant (``study``, ``nn``): an edit of it between two studies
-    (an editable install keeps its version) trains again."""
-    from . import nn, study
-
-    return inspect.getsource(study) + inspect.getsource(nn)
 
 
 def _number(value) -> float:

@@ -55,7 +55,7 @@ def _model(depth, seed):
     with torch.no_grad():
         final.weight.copy_(torch.randn(D, dtype=torch.float64))
         final.bias.copy_(torch.randn(D, dtype=torch.float64))
-    params = [read_encoder_layer(layer).layers[0] for layer in layers]
+    params = [dict(read_encoder_layer(layer).layers[0]) for layer in layers]  # for the residual scheme: not the reading
     return layers, final, params, {"gain": final.weight.detach().numpy(), "bias": final.bias.detach().numpy()}
 
 

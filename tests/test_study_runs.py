@@ -125,8 +125,6 @@ def test_runs_must_be_a_folder(tmp_path):
 def test_torchs_default_dtype_and_the_training_code_are_in_the_key(tmp_path, trainings, monkeypatch):
     """A reviewer's finding: a study after ``torch.set_default_dtype(torch.float64)`` took up the float32 run, and one
     after an edit of the training code (an editable install keeps its version) the old run."""
-    from splitformer.codegen import study_runs
-
     _, trained = trainings
     runs, budget = tmp_path / "runs", replace(TINY, seeds=1)
     study(["pre-ln"], "chars", budget, runs=runs)
@@ -137,6 +135,6 @@ def test_torchs_default_dtype_and_the_training_code_are_in_the_key(tmp_path, tra
     finally:
         torch.set_default_dtype(previous)
     assert len(trained) == 2
-    monkeypatch.setattr(study_runs, "_training_source", lambda: "edited")
+    monkeypatch.setattr(study_module, "_training_source", lambda: "edited")
     study(["pre-ln"], "chars", budget, runs=runs)
     assert len(trained) == 3

@@ -105,3 +105,7 @@ def _buckets(n_buckets, max_distance, bidirectional):
                          f"{' (bidirectional: half of them each way)' if bidirectional else ''}; the scheme's "
                          f"max_distance = {max_distance} must exceed them, and they must be >= 1 (T5's buckets "
                          f"divide by log(max_distance / {exact}))")
+
+
+class GridTooSmall(ValueError):
+    """An image too small for a grid network's operators: a grid of its field or transfer would have no points."""

@@ -360,7 +360,7 @@ def test_an_input_too_small_for_a_grid_is_refused_by_name(tmp_path):
     model = torch_module.Model(2, 3, transfer=True, dtype=torch.float64).load_params(params)
     message = r"u of shape \(2, 2, 2, 2\) is too small: a grid of F or R would have no points"  # no stride read
     small = rng.standard_normal((2, 2, 2, 2))
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(numpy_module.GridTooSmall, match=message):  # a ValueError of its own: check tells it by class
         numpy_module.forward(small, params)
     with pytest.raises(ValueError, match=message):
         numpy_module.vjp(small, params, np.zeros((2, 3, 0, 0)))

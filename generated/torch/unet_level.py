@@ -158,6 +158,10 @@ def _choice(name, value, choices):
     return value
 
 
+class GridTooSmall(ValueError):
+    """An image too small for a grid network's operators: a grid of its field or transfer would have no points."""
+
+
 def _windows(field, axes, size, stride, padding):
     """``field`` at ``stride·p + r − padding`` along ``axes`` (zero outside): a view (…, p, …, r)."""
     if padding and torch.onnx.is_in_onnx_export():  # the TorchScript exporter cannot size an Unfold after a Pad
@@ -493,7 +497,7 @@ def _checked(u, params, stride, eps):
     p.update(_table(params, TRANSFER_PARAMETERS, sizes, u.dtype) if has_transfer else {})
     axes = [_grids(n, stride) for n in u.shape[2:]]
     if any(fewest < 1 for *_, fewest_f, fewest_r in axes for fewest in ((fewest_f, fewest_r) if has_transfer else (fewest_f,))):
-        raise ValueError(f"u of shape {tuple(u.shape)} is too small: a grid of F"
+        raise GridTooSmall(f"u of shape {tuple(u.shape)} is too small: a grid of F"
                          f"{' or R' if has_transfer else ''} would have no points")
     grids = [(f, r if has_transfer else n) for (f, r, *_), n in zip(axes, u.shape[2:])]
     channels = (sizes["n_channels"], sizes["n_channels"] if has_transfer else sizes["n_channels"])

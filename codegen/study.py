@@ -578,6 +578,7 @@ def study(schemes: list, task: str = "chars", budget: Budget = Budget(),
         runs.check(names, budget.seeds)
     result = Study(task, budget, data.sequence)
     total = len(modules) * budget.seeds
+    training = _training_source() if runs is not None else ""
     threads = torch.get_num_threads()
     torch.set_num_threads(budget.threads)
     try:
@@ -585,7 +586,7 @@ def study(schemes: list, task: str = "chars", budget: Budget = Budget(),
             trained = []
             for seed in range(budget.seeds):
                 label = f"[{index * budget.seeds + seed + 1}/{total}] {name} seed {seed}"
-                key = None if runs is None else run_key(module, task, budget, width, seed, _training_source())
+                key = None if runs is None else run_key(module, task, budget, width, seed, training)
                 trained.append(_run(runs, name, seed, key, budget.steps, label,
                                     functools.partial(_train, module, data, budget, width, seed)))
             result.variants[name] = {"parameters": count, "runs": trained,

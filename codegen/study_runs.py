@@ -3,9 +3,9 @@
 ``splitformer study --out DIR`` keeps each finished run (one variant from one seed) in ``DIR/runs/NAME-seedK.json``
 with the key of what it was computed from: the emitted module's source, the task, the budget, the variant's
 feed-forward width, the seed, the versions of splitformer, Python, NumPy and torch (and scikit-learn, whose images
-the digits task reads), the source of the code that builds and trains a variant, and torch's default dtype. A later study takes a kept run up
-where every one of them is the same (the numbers it would compute again, as training from a seed on one thread is
-deterministic) and trains where any differs, or where the file is not a whole run of that key.
+the digits task reads), the source of the code that builds and trains a variant, and torch's default dtype. A later
+study takes a kept run up where every one of them is the same (the numbers it would compute again, as training from
+a seed on one thread is deterministic) and trains where any differs, or where the file is not a whole run of that key.
 """
 
 from __future__ import annotations

@@ -129,6 +129,15 @@ def _autocast() -> bool:
 
 
 @torch.jit.unused
+def _derived_outside_autocast() -> None:
+    """A ValueError under autocast for ``backward="derived"``: its adjoint reads the kept arrays in the parameters'
+    dtype, where autocast computed them in others."""
+    if _autocast():
+        raise ValueError("backward='derived' has no adjoint of autocast's mixed dtypes: use backward='autograd' "
+                         "under torch.autocast")
+
+
+@torch.jit.unused
 def _holds(condition: torch.Tensor) -> bool:
     """A one-element bool tensor's value, read on the host; False under torch.func.vmap (one call for every member:
     no value may choose its path)."""

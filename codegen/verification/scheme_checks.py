@@ -367,12 +367,16 @@ def _bounded_derived_check(scheme: Scheme, program: Program) -> Check:
     try:
         return within(SYMBOLIC_SECONDS, lambda: derived_check(scheme, program))
     except OutOfTime:
-        return Check(f"semantics/{scheme.name}/derived", scheme.name,
-                     f"The derived program of {scheme.name} equals one step of the scheme as the independent evaluator "
-                     "defines it (symbolic comparison at a tiny size).", SKIPPED, True,
-                     f"skipped: SymPy did not finish the symbolic comparison within {SYMBOLIC_SECONDS:g} s (its "
-                     "expressions swell with nested normalizations and softmaxes); the emitted modules are compared "
-                     "with the evaluator numerically")
+        return _derived_skipped(scheme, f"SymPy did not finish the symbolic comparison within {SYMBOLIC_SECONDS:g} s "
+                                        "(its expressions swell with nested normalizations and softmaxes); the emitted "
+                                        "modules are compared with the evaluator numerically")
+
+
+def _derived_skipped(scheme: Scheme, why: str) -> Check:
+    """``semantics/<scheme>/derived`` skipped, saying ``why``."""
+    return Check(f"semantics/{scheme.name}/derived", scheme.name,
+                 f"The derived program of {scheme.name} equals one step of the scheme as the independent evaluator "
+                 "defines it (symbolic comparison at a tiny size).", SKIPPED, True, f"skipped: {why}")
 
 
 def _activation(scheme: Scheme, alone: bool = False) -> str:
@@ -455,21 +459,17 @@ def scheme_checks(scheme: Scheme, program: Program) -> list[Check]:
         emitted = emitted_check(scheme, program, modules)
     depth = nesting(scheme)
     if depth > MAX_SYMBOLIC_NESTING:
-        derived = Check(f"semantics/{scheme.name}/derived", scheme.name,
-                        f"The derived program of {scheme.name} equals one step of the scheme as the independent "
-                        "evaluator defines it (symbolic comparison at a tiny size).", SKIPPED, True,
-                        f"skipped: one step nests {depth} operator applications, more than the "
-                        f"{MAX_SYMBOLIC_NESTING} compared symbolically (the cost grows exponentially with the "
-                        "nesting); split the step into more steps (fewer stages or substeps each) to have it; "
-                        "the emitted modules are compared with the evaluator numerically")
+        derived = _derived_skipped(scheme, f"one step nests {depth} operator applications, more than the "
+                                           f"{MAX_SYMBOLIC_NESTING} compared symbolically (the cost grows exponentially "
+                                           "with the nesting); split the step into more steps (fewer stages or "
+                                           "substeps each) to have it; the emitted modules are compared with the "
+                                           "evaluator numerically")
     elif emitted.holds:
         derived = _bounded_derived_check(scheme, program)
     else:  # a wrong program makes the symbolic comparison very slow; the numbers already refute it
-        derived = Check(f"semantics/{scheme.name}/derived", scheme.name,
-                        f"The derived program of {scheme.name} equals one step of the scheme as the independent "
-                        "evaluator defines it (symbolic comparison at a tiny size).", SKIPPED, True,
-                        "skipped: the emitted module already disagrees with the evaluator (the fault may lie in the "
-                        "derivation or in its emission; a wrong program takes very long to compare symbolically)")
+        derived = _derived_skipped(scheme, "the emitted module already disagrees with the evaluator (the fault may "
+                                           "lie in the derivation or in its emission; a wrong program takes very long "
+                                           "to compare symbolically)")
     skipped = [] if "torch" in modules else [Check(
         f"semantics/{scheme.name}/emitted-torch", scheme.name,
         f"The emitted PyTorch module of {scheme.name} computes what the NumPy module computes.",

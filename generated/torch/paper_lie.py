@@ -207,6 +207,15 @@ def _autocast() -> bool:
 
 
 @torch.jit.unused
+def _derived_outside_autocast() -> None:
+    """A ValueError under autocast for ``backward="derived"``: its adjoint reads the kept arrays in the parameters'
+    dtype, where autocast computed them in others."""
+    if _autocast():
+        raise ValueError("backward='derived' has no adjoint of autocast's mixed dtypes: use backward='autograd' "
+                         "under torch.autocast")
+
+
+@torch.jit.unused
 def _holds(condition: torch.Tensor) -> bool:
     """A one-element bool tensor's value, read on the host; False under torch.func.vmap (one call for every member:
     no value may choose its path)."""
@@ -1113,9 +1122,7 @@ class Block(_CanonicalModule):
         """One step whose backward is the derived adjoint (``_DerivedStep``)."""
         if dropout_p > 0.0:
             raise ValueError("backward='derived' has no dropout: use dropout=0 or eval mode")
-        if _autocast():  # its adjoint reads the kept arrays in the parameters' dtype, autocast computed them in another
-            raise ValueError("backward='derived' has no adjoint of autocast's mixed dtypes: use backward='autograd' "
-                             "under torch.autocast")
+        _derived_outside_autocast()
         if chi is not None and chi.requires_grad:
             raise ValueError("backward='derived' reads key_padding_mask and src_mask as data, and one requires grad here: "
                              "it has no derived gradient; use backward='autograd'")

@@ -83,6 +83,15 @@ def _autocast() -> bool:
     return torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda")
 
 
+@torch.jit.unused
+def _derived_outside_autocast() -> None:
+    """A ValueError under autocast for ``backward="derived"``: its adjoint reads the kept arrays in the parameters'
+    dtype, where autocast computed them in others."""
+    if _autocast():
+        raise ValueError("backward='derived' has no adjoint of autocast's mixed dtypes: use backward='autograd' "
+                         "under torch.autocast")
+
+
 def _first_order_only():
     """Refuse a derived backward asked to build a graph (``create_graph=True``): its gradients are
     computed outside autograd, so their own derivatives (gradient penalties, Hessian-vector
@@ -537,9 +546,7 @@ def _run(module, links, outputs, u):
     """The programs of ``links`` chained on ``u``, then the programs ``outputs`` on the last state, if any; with
     ``backward="derived"``, while autograd records, through ``_Derived`` reading the parameters the links hold."""
     if module.backward_mode == "derived" and torch.is_grad_enabled():
-        if _autocast():  # the Function's programs ran in the parameters' dtype, not autocast's: refused, as a Block's
-            raise ValueError("backward='derived' has no adjoint of autocast's mixed dtypes: use backward='autograd' "
-                             "under torch.autocast")
+        _derived_outside_autocast()
         read = {prefix + name: value for _, p, _, prefix in links for name, value in p.items()}
         return _Derived.apply(links, outputs, module.eps, list(read), u, *read.values())
     last = _chain(u, links, module.eps)

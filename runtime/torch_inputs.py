@@ -8,7 +8,7 @@ import weakref
 
 import torch
 
-from .torch_helpers import _in_place, _recorded, _shares
+from .torch_helpers import _check_mask, _in_place, _recorded, _restrict, _shares
 
 
 def _memory(memory: torch.Tensor, batch: int, d: int, like: torch.Tensor) -> torch.Tensor:
@@ -338,3 +338,27 @@ def _late_reads(cache: dict[str, torch.Tensor] | None, key: str, pos: torch.Tens
                              f"{float(cached[b, int(first[b, token])])} (q − p in ({low}, {high}), a kernel without χ): the "
                              f"full pass has the earlier token read the later one, cached decoding cannot; keep new "
                              f"positions at least {-low} above the cached ones, or call without a cache")
+
+
+def _either(name: str, value: torch.Tensor | None, alias: str, aliased: torch.Tensor | None) -> torch.Tensor | None:
+    """``value``, or ``aliased`` given under torch's other name ``alias`` for it; a ValueError when both are given."""
+    if aliased is None:
+        return value
+    if value is not None:
+        raise ValueError(f"give {name} or {alias}, not both")
+    return aliased
+
+
+def _with_memory_mask(chi_m: torch.Tensor | None, memory_mask: torch.Tensor | None, batch: int, n_tokens: int,
+                      n_memory: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
+    """χ_m narrowed by torch's ``memory_mask`` (``nn.TransformerDecoderLayer``'s): (tokens, memory tokens) or (batch,
+    tokens, memory tokens) for the new tokens' rows; bool True excludes a memory token from a query's integral, a
+    float mask is added to the scores (χ_m then the log-weight, −inf outside)."""
+    if memory_mask is None:
+        return chi_m
+    mask = torch.as_tensor(memory_mask, device=device)
+    _check_mask("memory_mask", mask, [[n_tokens, n_memory], [batch, n_tokens, n_memory]])
+    support = torch.ones(batch, n_tokens, n_memory, dtype=torch.bool, device=device) if chi_m is None else chi_m
+    if mask.is_floating_point():
+        support = torch.zeros(batch, n_tokens, n_memory, dtype=dtype, device=device).masked_fill(~support, float("-inf"))
+    return _restrict(support, mask)

@@ -333,3 +333,20 @@ def test_the_two_hop_mean_over_no_key_is_zero_and_its_gradients_agree(modules, t
         step = torch_module.Block(4, 1, 4, dtype=torch.float64, backward=mode)
         step(x, src_key_padding_mask=torch.from_numpy(padding), causal=True).backward(torch.from_numpy(bar))
         assert np.abs(x.grad.numpy() - u_bar).max() < 1e-12, mode
+
+
+def test_torchs_memory_mask_read_as_a_factor(modules, tmp_path):
+    """The decoder layer's ``memory_mask`` narrows χ_m per query: bool read as the factor; a float one, which torch adds
+    to scores, is refused by name where χ_m is a factor, not a log-weight."""
+    _, torch_module = _derived(tmp_path, "memory-mean")
+    rng = np.random.default_rng(6)
+    u, memory = rng.standard_normal((2, 5, 4)), rng.standard_normal((2, 3, 4))
+    mask = rng.random((5, 3)) < 0.5
+    mask[:, 0] = False
+    visible = (~mask).astype(float)
+    expected = u + visible @ memory / visible.sum(1)[:, None]
+    block = torch_module.Block(4, 1, 4, dtype=torch.float64)
+    got = block(torch.from_numpy(u), torch.from_numpy(memory), memory_mask=torch.from_numpy(mask))
+    assert np.abs(got.detach().numpy() - expected).max() < 1e-12
+    with pytest.raises(ValueError, match="memory_mask must be bool here"):
+        block(torch.from_numpy(u), torch.from_numpy(memory), memory_mask=torch.zeros(5, 3, dtype=torch.float64))

@@ -1096,7 +1096,8 @@ def _one_sequence(key_padding_mask, batch: int, device: torch.device) -> torch.T
 
 
 def _support(key_padding_mask: torch.Tensor | None, attn_mask: torch.Tensor | None, causal: bool,
-             batch: int, n_tokens: int, dtype: torch.dtype, device: torch.device, offset: int = 0) -> torch.Tensor | None:
+             batch: int, n_tokens: int, dtype: torch.dtype, device: torch.device, offset: int = 0,
+             attn_mask_name: str = "src_mask") -> torch.Tensor | None:
     """The support χ[b, i, j] of the token integral, or None when it is 1 everywhere.
 
     Bool (True = inside) when every mask is bool; with a float mask, the log-weight log χ
@@ -1123,7 +1124,7 @@ def _support(key_padding_mask: torch.Tensor | None, attn_mask: torch.Tensor | No
         floating = key_padding_mask.is_floating_point()
     if attn_mask is not None:
         attn_mask = torch.as_tensor(attn_mask, device=device)
-        _check_mask("src_mask", attn_mask, [[n_tokens, n_keys], [batch, n_tokens, n_keys]])
+        _check_mask(attn_mask_name, attn_mask, [[n_tokens, n_keys], [batch, n_tokens, n_keys]])
         floating = floating or attn_mask.is_floating_point()
     if floating:
         support = torch.zeros(batch, n_tokens, n_keys, dtype=dtype, device=device)
@@ -1395,6 +1396,30 @@ def _memoize(cache: dict[str, torch.Tensor] | None, key: str, memory: torch.Tens
         cache.update(fields)
 
 
+def _either(name: str, value: torch.Tensor | None, alias: str, aliased: torch.Tensor | None) -> torch.Tensor | None:
+    """``value``, or ``aliased`` given under torch's other name ``alias`` for it; a ValueError when both are given."""
+    if aliased is None:
+        return value
+    if value is not None:
+        raise ValueError(f"give {name} or {alias}, not both")
+    return aliased
+
+
+def _with_memory_mask(chi_m: torch.Tensor | None, memory_mask: torch.Tensor | None, batch: int, n_tokens: int,
+                      n_memory: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
+    """χ_m narrowed by torch's ``memory_mask`` (``nn.TransformerDecoderLayer``'s): (tokens, memory tokens) or (batch,
+    tokens, memory tokens) for the new tokens' rows; bool True excludes a memory token from a query's integral, a
+    float mask is added to the scores (χ_m then the log-weight, −inf outside)."""
+    if memory_mask is None:
+        return chi_m
+    mask = torch.as_tensor(memory_mask, device=device)
+    _check_mask("memory_mask", mask, [[n_tokens, n_memory], [batch, n_tokens, n_memory]])
+    support = torch.ones(batch, n_tokens, n_memory, dtype=torch.bool, device=device) if chi_m is None else chi_m
+    if mask.is_floating_point():
+        support = torch.zeros(batch, n_tokens, n_memory, dtype=dtype, device=device).masked_fill(~support, float("-inf"))
+    return _restrict(support, mask)
+
+
 class _Group(torch.nn.Module):
     """The parameters of one operator, under their canonical names (``attn.W_q``)."""
 
@@ -1565,8 +1590,9 @@ class Block(_CanonicalModule):
     Torch's conventions (``from_torch`` maps ``torch.nn.TransformerDecoderLayer`` onto the built-in decoders):
     ``dropout`` where torch puts it (attention kernels, feed-forward activation, each residual branch; training mode
     only), ``batch_first=False`` for (tokens, batch, d) input, torch's initialization. Masks by keyword:
-    ``key_padding_mask`` (or ``src_key_padding_mask``), ``src_mask``, ``causal`` (or ``is_causal``; True
-    by default) and ``memory_key_padding_mask``; the decoder layer's ``tgt_mask`` and ``memory_mask`` are not taken.
+    ``key_padding_mask`` (or ``src_key_padding_mask``, or the decoder layer's ``tgt_key_padding_mask``), ``src_mask``
+    (or ``tgt_mask``), ``causal`` (or ``is_causal``, ``tgt_is_causal``; True by default),
+    ``memory_key_padding_mask`` and ``memory_mask``.
     ``backward="derived"`` runs the derived adjoint as the backward pass (an
     ``autograd.Function``; without dropout); ``"autograd"`` (the default) lets autograd trace
     the forward.
@@ -1630,7 +1656,9 @@ class Block(_CanonicalModule):
     def forward(self, u: torch.Tensor, memory: torch.Tensor, key_padding_mask: torch.Tensor | None = None, causal: bool = True,
                 src_mask: torch.Tensor | None = None, src_key_padding_mask: torch.Tensor | None = None,
                 is_causal: bool = False,
-                memory_key_padding_mask: torch.Tensor | None = None, cache: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+                memory_key_padding_mask: torch.Tensor | None = None, cache: dict[str, torch.Tensor] | None = None,
+                tgt_mask: torch.Tensor | None = None, tgt_key_padding_mask: torch.Tensor | None = None,
+                tgt_is_causal: bool = False, memory_mask: torch.Tensor | None = None) -> torch.Tensor:
         """``u`` of shape (batch, tokens, d) (or (tokens, d); (tokens, batch, d) when not
         ``batch_first``); the result has the same shape.
 
@@ -1640,7 +1668,8 @@ class Block(_CanonicalModule):
         ``is_causal``) keeps each token's own and earlier keys.
 
         ``memory``: (batch, memory tokens, d), held fixed over the step; ``memory_key_padding_mask``:
-        bool (batch, memory tokens), True = padded.
+        bool (batch, memory tokens), True = padded; ``memory_mask`` (the decoder layer's):
+        bool or float (tokens, memory tokens) or (batch, tokens, memory tokens), the new tokens' rows.
 
         ``cache``: a dict (empty at the first call) that keeps the keys and values of the tokens
         seen so far; then ``u`` holds only the new tokens, which attend to the cached ones (with
@@ -1657,10 +1686,13 @@ class Block(_CanonicalModule):
             raise TypeError(f"memory must be a torch.Tensor, got {type(memory).__name__}")
         if torch.jit.is_tracing():
             causal, is_causal = _traced_flag(causal), _traced_flag(is_causal)
+            tgt_is_causal = _traced_flag(tgt_is_causal)
         if not isinstance(causal, bool):
             raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
         if not isinstance(is_causal, bool):
             raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+        if not isinstance(tgt_is_causal, bool):
+            raise TypeError(f"tgt_is_causal must be a bool, got {type(tgt_is_causal).__name__}")
         if u.dim() not in (2, 3) or u.shape[-1] != self.d_model:
             layout = "batch, tokens" if self.batch_first else "tokens, batch"
             raise ValueError(f"u must have shape ({layout}, {self.d_model}) or (tokens, {self.d_model}), got {list(u.shape)}")
@@ -1669,10 +1701,10 @@ class Block(_CanonicalModule):
             raise ValueError(f"u has dtype {u.dtype}, the block's parameters {dtype}")
         if u.device != device:
             raise ValueError(f"u is on {u.device}, the block's parameters on {device}")
-        if src_key_padding_mask is not None:
-            if key_padding_mask is not None:
-                raise ValueError("give key_padding_mask or src_key_padding_mask, not both")
-            key_padding_mask = src_key_padding_mask
+        key_padding_mask = _either("key_padding_mask", key_padding_mask, "src_key_padding_mask", src_key_padding_mask)
+        key_padding_mask = _either("key_padding_mask", key_padding_mask, "tgt_key_padding_mask", tgt_key_padding_mask)
+        src_mask = _either("src_mask", src_mask, "tgt_mask", tgt_mask)
+        is_causal = is_causal or tgt_is_causal
         u0 = u[None] if u.dim() == 2 else u if self.batch_first else u.transpose(0, 1)
         batch, n_tokens, d = u0.shape[0], u0.shape[1], u0.shape[2]
         if self.n_heads < 1 or d % self.n_heads:  # checked when built; a value set since here
@@ -1711,7 +1743,7 @@ class Block(_CanonicalModule):
         ffn_W_2 = self.ffn.W_2
         ffn_b_2 = self.ffn.b_2
         chi = _support(key_padding_mask, src_mask, causal or is_causal, batch, n_tokens, u0.dtype, u0.device,
-                       offset)
+                       offset, attn_mask_name="src_mask" if tgt_mask is None else "tgt_mask")
         _cached_padding(cache, None if key_padding_mask is None else _one_sequence(key_padding_mask, batch, u0.device),
                         batch, offset + n_tokens, u0.device)
         _cached_options(cache, ["n_heads", "eps"],
@@ -1719,6 +1751,7 @@ class Block(_CanonicalModule):
         mem = _memory(memory if self.batch_first or memory.dim() == 2 else memory.transpose(0, 1), batch, d, u0)
         n_memory = mem.shape[1]
         chi_m = _memory_support(memory_key_padding_mask, batch, n_tokens, n_memory, u0.device)
+        chi_m = _with_memory_mask(chi_m, memory_mask, batch, n_tokens, n_memory, u0.dtype, u0.device)
         if self.backward_mode == "derived" and torch.is_grad_enabled():
             if torch.jit.is_scripting():
                 raise ValueError("backward='derived' runs in Python (a torch.autograd.Function): script or trace a "
@@ -1913,7 +1946,9 @@ class Stack(_CanonicalModule):
     def forward(self, u: torch.Tensor, memory: torch.Tensor, key_padding_mask: torch.Tensor | None = None, causal: bool = True,
                 src_mask: torch.Tensor | None = None, src_key_padding_mask: torch.Tensor | None = None,
                 is_causal: bool = False,
-                memory_key_padding_mask: torch.Tensor | None = None, cache: list[dict[str, torch.Tensor]] | None = None) -> torch.Tensor:
+                memory_key_padding_mask: torch.Tensor | None = None, cache: list[dict[str, torch.Tensor]] | None = None,
+                tgt_mask: torch.Tensor | None = None, tgt_key_padding_mask: torch.Tensor | None = None,
+                tgt_is_causal: bool = False, memory_mask: torch.Tensor | None = None) -> torch.Tensor:
         """``cache``: one dict per layer (``[{} for _ in stack.layers]`` at the first call), see ``Block``."""
         staged = _staged(cache, len(self.layers))
         _stacked_memory(staged, memory, memory_key_padding_mask)
@@ -1921,7 +1956,8 @@ class Stack(_CanonicalModule):
             u = block(u, memory, key_padding_mask=key_padding_mask, causal=causal, src_mask=src_mask,
                       src_key_padding_mask=src_key_padding_mask, is_causal=is_causal,
                       memory_key_padding_mask=memory_key_padding_mask,
-                      cache=None if staged is None else staged[index])
+                      cache=None if staged is None else staged[index],
+                      tgt_mask=tgt_mask, tgt_key_padding_mask=tgt_key_padding_mask, tgt_is_causal=tgt_is_causal, memory_mask=memory_mask)
         _store(cache, staged)
         if self.has_final_norm:
             u = self._final_norm(u)

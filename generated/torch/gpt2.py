@@ -938,7 +938,8 @@ def _one_sequence(key_padding_mask, batch: int, device: torch.device) -> torch.T
 
 
 def _support(key_padding_mask: torch.Tensor | None, attn_mask: torch.Tensor | None, causal: bool,
-             batch: int, n_tokens: int, dtype: torch.dtype, device: torch.device, offset: int = 0) -> torch.Tensor | None:
+             batch: int, n_tokens: int, dtype: torch.dtype, device: torch.device, offset: int = 0,
+             attn_mask_name: str = "src_mask") -> torch.Tensor | None:
     """The support χ[b, i, j] of the token integral, or None when it is 1 everywhere.
 
     Bool (True = inside) when every mask is bool; with a float mask, the log-weight log χ
@@ -965,7 +966,7 @@ def _support(key_padding_mask: torch.Tensor | None, attn_mask: torch.Tensor | No
         floating = key_padding_mask.is_floating_point()
     if attn_mask is not None:
         attn_mask = torch.as_tensor(attn_mask, device=device)
-        _check_mask("src_mask", attn_mask, [[n_tokens, n_keys], [batch, n_tokens, n_keys]])
+        _check_mask(attn_mask_name, attn_mask, [[n_tokens, n_keys], [batch, n_tokens, n_keys]])
         floating = floating or attn_mask.is_floating_point()
     if floating:
         support = torch.zeros(batch, n_tokens, n_keys, dtype=dtype, device=device)
@@ -1110,6 +1111,15 @@ def _cached_options(cache: dict[str, torch.Tensor] | None, names: list[str], val
     if len(changed) > 0:
         raise ValueError(", ".join(changed) + ": the cached tokens' keys and values were computed with the "
                          "options of the calls that cached them; give every call of one cache the same options")
+
+
+def _either(name: str, value: torch.Tensor | None, alias: str, aliased: torch.Tensor | None) -> torch.Tensor | None:
+    """``value``, or ``aliased`` given under torch's other name ``alias`` for it; a ValueError when both are given."""
+    if aliased is None:
+        return value
+    if value is not None:
+        raise ValueError(f"give {name} or {alias}, not both")
+    return aliased
 
 
 class _Group(torch.nn.Module):
@@ -1361,10 +1371,7 @@ class Block(_CanonicalModule):
             raise ValueError(f"u has dtype {u.dtype}, the block's parameters {dtype}")
         if u.device != device:
             raise ValueError(f"u is on {u.device}, the block's parameters on {device}")
-        if src_key_padding_mask is not None:
-            if key_padding_mask is not None:
-                raise ValueError("give key_padding_mask or src_key_padding_mask, not both")
-            key_padding_mask = src_key_padding_mask
+        key_padding_mask = _either("key_padding_mask", key_padding_mask, "src_key_padding_mask", src_key_padding_mask)
         u0 = u[None] if u.dim() == 2 else u if self.batch_first else u.transpose(0, 1)
         batch, n_tokens, d = u0.shape[0], u0.shape[1], u0.shape[2]
         if self.n_heads < 1 or d % self.n_heads:  # checked when built; a value set since here

@@ -1,0 +1,149 @@
+"""The generated decoders take ``torch.nn.TransformerDecoderLayer``'s mask keywords: ``tgt_mask``,
+``tgt_key_padding_mask``, ``tgt_is_causal``, ``memory_mask`` (bool or float), compared with torch's layer and stack."""
+
+import numpy as np
+import pytest
+import torch
+
+from splitformer.codegen.adapters.torch_decoder import decoder_layer_params
+
+from test_decoder import _modules, random_decoder_layer
+
+D, HEADS, D_FF, N, M = 8, 2, 12, 6, 5
+
+
+def _memory_mask(rng, batch=None):
+    """A bool memory mask (True excludes) that leaves every query at least one memory token (torch's layer gives NaN for
+    a query that sees none)."""
+    mask = rng.random((N, M) if batch is None else (batch, N, M)) < 0.4
+    mask[..., 0] = False
+    return mask
+
+
+def _inputs(rng):
+    u, memory = rng.standard_normal((2, N, D)), rng.standard_normal((2, M, D))
+    padding = np.zeros((2, N), dtype=bool)
+    padding[1, N - 2:] = True
+    return u, memory, padding
+
+
+def _per_head(mask):
+    """torch's 3-D attention masks are per batch entry and head: (batch·heads, tokens, memory tokens)."""
+    return mask if mask.dim() == 2 else mask.repeat_interleave(HEADS, dim=0)
+
+
+def _torch_keywords(rng, memory_kind):
+    memory_mask = {"none": None,
+                   "bool": torch.tensor(_memory_mask(rng)),
+                   "batched bool": torch.tensor(_memory_mask(rng, 2)),
+                   "float": torch.tensor(rng.standard_normal((N, M)))}[memory_kind]
+    return {"tgt_mask": torch.nn.Transformer.generate_square_subsequent_mask(N, dtype=torch.float64),
+            "tgt_is_causal": True, "memory_mask": memory_mask}
+
+
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post-ln", "pre-ln"])
+@pytest.mark.parametrize("memory_kind", ["none", "bool", "batched bool", "float"])
+def test_a_block_takes_the_decoder_layers_keywords(norm_first, memory_kind, rng):
+    _, torch_module = _modules(norm_first)
+    layer = random_decoder_layer(D, HEADS, D_FF, 1e-5, norm_first, seed=3)
+    u, memory, padding = _inputs(rng)
+    keywords = _torch_keywords(rng, memory_kind)
+    keywords["tgt_key_padding_mask"] = torch.tensor(padding)
+    reference = dict(keywords, memory_mask=None if keywords["memory_mask"] is None else _per_head(keywords["memory_mask"]))
+    with torch.no_grad():
+        expected = layer(torch.tensor(u), torch.tensor(memory), **reference).numpy()
+    block = torch_module.Block(D, HEADS, D_FF, dtype=torch.float64).load_params(decoder_layer_params(layer))
+    with torch.no_grad():
+        got = block(torch.tensor(u), torch.tensor(memory), **keywords).numpy()
+    keep = ~padding
+    assert np.abs(got - expected)[keep].max() <= 1e-10
+    if keywords["memory_mask"] is not None:  # control: the memory mask is read
+        with torch.no_grad():
+            unmasked = block(torch.tensor(u), torch.tensor(memory), **dict(keywords, memory_mask=None)).numpy()
+        assert np.abs(unmasked - expected)[keep].max() > 1e-3
+
+
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post-ln", "pre-ln"])
+def test_a_stack_takes_the_decoder_layers_keywords(norm_first, rng):
+    _, torch_module = _modules(norm_first)
+    layer = random_decoder_layer(D, HEADS, D_FF, 1e-5, norm_first)
+    decoder = torch.nn.TransformerDecoder(layer, 2).eval()
+    with torch.no_grad():
+        for parameter in decoder.parameters():
+            parameter.copy_(torch.randn_like(parameter) * 0.5)
+    u, memory, padding = _inputs(rng)
+    memory_padding = np.zeros((2, M), dtype=bool)
+    memory_padding[0, M - 2:] = True
+    keywords = dict(_torch_keywords(rng, "bool"), tgt_key_padding_mask=torch.tensor(padding),
+                    memory_key_padding_mask=torch.tensor(memory_padding))
+    with torch.no_grad():
+        expected = decoder(torch.tensor(u), torch.tensor(memory), **keywords).numpy()
+    stack = torch_module.Stack(2, D, HEADS, D_FF, final_norm=False, dtype=torch.float64).load_params(
+        [decoder_layer_params(block) for block in decoder.layers])
+    with torch.no_grad():
+        got = stack(torch.tensor(u), torch.tensor(memory), **keywords).numpy()
+    assert np.abs(got - expected)[~padding].max() <= 1e-10
+
+
+def test_the_memory_mask_in_cached_decoding_is_the_new_tokens_rows(rng):
+    """Token by token, each step given its own row of the memory mask, equals the full pass given the whole mask."""
+    _, torch_module = _modules(True)
+    block = torch_module.Block(D, HEADS, D_FF, dtype=torch.float64).load_params(
+        decoder_layer_params(random_decoder_layer(D, HEADS, D_FF, 1e-5, True)))
+    u, memory, _ = _inputs(rng)
+    mask = torch.tensor(_memory_mask(rng, 2))
+    with torch.no_grad():
+        expected = block(torch.tensor(u), torch.tensor(memory), memory_mask=mask).numpy()
+        cache = {}
+        steps = [block(torch.tensor(u[:, i:i + 1]), torch.tensor(memory), memory_mask=mask[:, i:i + 1], cache=cache)
+                 for i in range(N)]
+    assert np.abs(torch.cat(steps, dim=1).numpy() - expected).max() <= 1e-10
+
+
+def test_the_derived_backward_reads_the_memory_mask(rng):
+    """backward='derived' with a float and a bool memory mask: the gradients autograd gives through the same Block."""
+    _, torch_module = _modules(False)
+    params = decoder_layer_params(random_decoder_layer(D, HEADS, D_FF, 1e-5, False))
+    u, memory, padding = _inputs(rng)
+    for mask in (torch.tensor(_memory_mask(rng, 2)), torch.tensor(rng.standard_normal((N, M)))):
+        gradients = []
+        for backward in ("autograd", "derived"):
+            block = torch_module.Block(D, HEADS, D_FF, dtype=torch.float64, backward=backward).load_params(params)
+            inputs = [torch.tensor(u, requires_grad=True), torch.tensor(memory, requires_grad=True)]
+            out = block(*inputs, memory_mask=mask, tgt_key_padding_mask=torch.tensor(padding))
+            (out[torch.tensor(~padding)] ** 2).sum().backward()
+            gradients.append([x.grad for x in inputs] + [p.grad for p in block.parameters()])
+        for autograd, derived in zip(*gradients):
+            assert torch.allclose(autograd, derived, rtol=1e-9, atol=1e-11)
+
+
+def test_a_scripted_block_takes_the_decoder_layers_keywords(rng):
+    _, torch_module = _modules(False)
+    block = torch_module.Block(D, HEADS, D_FF, dtype=torch.float64).load_params(
+        decoder_layer_params(random_decoder_layer(D, HEADS, D_FF, 1e-5, False)))
+    u, memory, padding = _inputs(rng)
+    keywords = dict(tgt_key_padding_mask=torch.tensor(padding), memory_mask=torch.tensor(_memory_mask(rng)),
+                    tgt_is_causal=True)
+    with torch.no_grad():
+        expected = block(torch.tensor(u), torch.tensor(memory), **keywords)
+        got = torch.jit.script(block)(torch.tensor(u), torch.tensor(memory), **keywords)
+    assert (got - expected).abs().max() <= 1e-12
+
+
+@pytest.mark.parametrize("keywords, message", [
+    ({"key_padding_mask": np.zeros((2, N), bool), "tgt_key_padding_mask": np.zeros((2, N), bool)},
+     "give key_padding_mask or tgt_key_padding_mask, not both"),
+    ({"src_mask": np.zeros((N, N), bool), "tgt_mask": np.zeros((N, N), bool)}, "give src_mask or tgt_mask, not both"),
+    ({"tgt_mask": np.zeros((N, N + 1), bool)}, r"tgt_mask must be bool or float of shape \[6, 6\]"),
+    ({"memory_mask": np.zeros((N, M + 1), bool)}, r"memory_mask must be bool or float of shape \[6, 5\] or \[2, 6, 5\]"),
+    ({"memory_mask": np.zeros((N, M), np.int64)}, "memory_mask must be bool or float"),
+    ({"tgt_is_causal": 1}, "tgt_is_causal must be a bool"),
+])
+def test_bad_decoder_keywords_are_named(keywords, message, rng):
+    _, torch_module = _modules(False)
+    block = torch_module.Block(D, HEADS, D_FF, dtype=torch.float64)
+    u, memory, _ = _inputs(rng)
+    keywords = {name: torch.tensor(value) if isinstance(value, np.ndarray) else value for name, value in keywords.items()}
+    with pytest.raises((ValueError, TypeError), match=message):
+        block(torch.tensor(u), torch.tensor(memory), **keywords)
+

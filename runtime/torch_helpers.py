@@ -129,12 +129,17 @@ def _autocast() -> bool:
 
 
 @torch.jit.unused
-def _derived_outside_autocast() -> None:
-    """A ValueError under autocast for ``backward="derived"``: its adjoint reads the kept arrays in the parameters'
-    dtype, where autocast computed them in others."""
+def _derived_runs_here() -> None:
+    """Refuse ``backward="derived"`` where its ``autograd.Function`` cannot run: under autocast (a ValueError: its
+    adjoint reads the kept arrays in the parameters' dtype, where autocast computed them in others) and inside
+    ``torch.func`` transforms (a RuntimeError: the Function sets up its context in ``forward``, which they cannot
+    wrap; torch's own message names neither the option nor the way out)."""
     if _autocast():
         raise ValueError("backward='derived' has no adjoint of autocast's mixed dtypes: use backward='autograd' "
                          "under torch.autocast")
+    if torch._C._are_functorch_transforms_active():
+        raise RuntimeError("backward='derived' does not run inside torch.func transforms (vmap, grad, jacrev, ...): "
+                           "use backward='autograd' there, or call the forward alone under torch.no_grad()")
 
 
 @torch.jit.unused

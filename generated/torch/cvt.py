@@ -300,12 +300,17 @@ def _autocast() -> bool:
 
 
 @torch.jit.unused
-def _derived_outside_autocast() -> None:
-    """A ValueError under autocast for ``backward="derived"``: its adjoint reads the kept arrays in the parameters'
-    dtype, where autocast computed them in others."""
+def _derived_runs_here() -> None:
+    """Refuse ``backward="derived"`` where its ``autograd.Function`` cannot run: under autocast (a ValueError: its
+    adjoint reads the kept arrays in the parameters' dtype, where autocast computed them in others) and inside
+    ``torch.func`` transforms (a RuntimeError: the Function sets up its context in ``forward``, which they cannot
+    wrap; torch's own message names neither the option nor the way out)."""
     if _autocast():
         raise ValueError("backward='derived' has no adjoint of autocast's mixed dtypes: use backward='autograd' "
                          "under torch.autocast")
+    if torch._C._are_functorch_transforms_active():
+        raise RuntimeError("backward='derived' does not run inside torch.func transforms (vmap, grad, jacrev, ...): "
+                           "use backward='autograd' there, or call the forward alone under torch.no_grad()")
 
 
 @torch.jit.unused
@@ -2384,7 +2389,7 @@ def _run(module, links, outputs, u):
     """The programs of ``links`` chained on ``u``, then the programs ``outputs`` on the last state, if any; with
     ``backward="derived"``, while autograd records, through ``_Derived`` reading the parameters the links hold."""
     if module.backward_mode == "derived" and torch.is_grad_enabled():
-        _derived_outside_autocast()
+        _derived_runs_here()
         read = {prefix + name: value for _, p, _, prefix in links for name, value in p.items()}
         return _Derived.apply(links, outputs, module.eps, list(read), u, *read.values())
     last = _chain(u, links, module.eps)

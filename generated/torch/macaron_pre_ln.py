@@ -225,12 +225,17 @@ def _autocast() -> bool:
 
 
 @torch.jit.unused
-def _derived_outside_autocast() -> None:
-    """A ValueError under autocast for ``backward="derived"``: its adjoint reads the kept arrays in the parameters'
-    dtype, where autocast computed them in others."""
+def _derived_runs_here() -> None:
+    """Refuse ``backward="derived"`` where its ``autograd.Function`` cannot run: under autocast (a ValueError: its
+    adjoint reads the kept arrays in the parameters' dtype, where autocast computed them in others) and inside
+    ``torch.func`` transforms (a RuntimeError: the Function sets up its context in ``forward``, which they cannot
+    wrap; torch's own message names neither the option nor the way out)."""
     if _autocast():
         raise ValueError("backward='derived' has no adjoint of autocast's mixed dtypes: use backward='autograd' "
                          "under torch.autocast")
+    if torch._C._are_functorch_transforms_active():
+        raise RuntimeError("backward='derived' does not run inside torch.func transforms (vmap, grad, jacrev, ...): "
+                           "use backward='autograd' there, or call the forward alone under torch.no_grad()")
 
 
 @torch.jit.unused
@@ -1195,7 +1200,7 @@ class Block(_CanonicalModule):
         """One step whose backward is the derived adjoint (``_DerivedStep``)."""
         if dropout_p > 0.0:
             raise ValueError("backward='derived' has no dropout: use dropout=0 or eval mode")
-        _derived_outside_autocast()
+        _derived_runs_here()
         if chi is not None and chi.requires_grad:
             raise ValueError("backward='derived' reads key_padding_mask and src_mask as data, and one requires grad here: "
                              "it has no derived gradient; use backward='autograd'")

@@ -30,6 +30,8 @@ FLAGS = {
     "ff_glu (GEGLU)": {"ff_glu": True}, "ff_glu + ff_swish (SwiGLU)": {"ff_glu": True, "ff_swish": True},
     "ff_swish": {"ff_swish": True}, "ff_relu_squared": {"ff_relu_squared": True}, "ff_no_bias": {"ff_no_bias": True},
     "pre_and_post_norm": {"pre_and_post_norm": True}, "weight_tie_layers": {"weight_tie_layers": True},
+    "ff_custom_activation (ReLU)": {"ff_custom_activation": torch.nn.ReLU()},
+    "ff_custom_activation (tanh GELU) + ff_glu": {"ff_custom_activation": torch.nn.GELU(approximate="tanh"), "ff_glu": True},
 }
 _DERIVED: dict[str, object] = {}
 
@@ -111,10 +113,12 @@ def test_a_wrapper_with_memory_tokens_is_refused_by_name(extra):
 
 
 @pytest.mark.parametrize("extra, flag", [({"use_cls_token": True}, "use_cls_token=True"),
-                                         ({"recycling": True}, "recycling=True"), ({"looped": True}, "looped=True")])
+                                         ({"recycling": True}, "recycling=True"), ({"looped": True}, "looped=True"),
+                                         ({"ff_deep_embed": True}, "ff_deep_embed=True")])
 def test_a_wrapper_that_changes_what_its_layers_see_or_how_often_they_run_is_refused_by_name(extra, flag):
     """Class tokens join the sequence; recycling and looping run attn_layers more than once (a new user measured 2.0
-    between a recycling wrapper and the stack read from it, when it was read)."""
+    between a recycling wrapper and the stack read from it, when it was read); a deep embedding multiplies each
+    feed-forward output by a learned vector of its token (read, it differed by 0.47 from the wrapper: a tester)."""
     torch.manual_seed(0)
     layers = _module(depth=1, pre_and_post_norm="looped" in extra)  # x-transformers loops only such layers
     wrapper = x_transformers.TransformerWrapper(num_tokens=11, max_seq_len=8, attn_layers=layers, **extra)
@@ -206,6 +210,7 @@ def test_composed_schemes_hold_their_orders_and_drop_layer_norm_biases():
     ({"ff_solu": True}, "ff_solu"), ({"scale_residual": True}, "scale_residual"),
     ({"cross_attend": True}, "cross_attend"), ({"use_dynamic_tanh": True}, "use_dynamic_tanh"),
     ({"attn_sigmoid": True, "attn_flash": False}, "attn_sigmoid"), ({"attn_l2_distance": True, "attn_flash": False}, "attn_l2_distance"),
+    ({"ff_custom_activation": torch.nn.LeakyReLU()}, r"^Encoder\.ff \(ff_custom_activation\) activation LeakyReLU\(.*\) has no "),
 ])
 def test_unsupported_flags_are_refused_by_name(flags, named):
     with pytest.raises(SplitformerError, match=named) as error:

@@ -108,6 +108,14 @@ def test_a_final_layer_norm_bias_and_other_flags_are_refused():
         to_torch(adapted)
     with pytest.raises(SplitformerError, match="read from a module with other flags"):
         to_xtransformers(adapted, _module(use_rmsnorm=True))
+    # the two schemes' names were the same here, and the message named nothing else (a tester): it names the lines
+    with pytest.raises(SplitformerError, match=r"\(scheme 'xt-pre-layer-norm-gelu', the module's 'xt-pre-layer-norm-gelu'\): "
+                                               r"scheme file lines \(- the Adapted's, \+ the module's\): "
+                                               r"-final_norm = true \| \+final_norm = false$"):
+        to_xtransformers(adapted, _module(pre_norm_has_final_norm=False))
+    rotary = from_xtransformers(_module(rotary_pos_emb=True, rotary_emb_dim=4))
+    with pytest.raises(SplitformerError, match=r"other flags .*: options rope_theta 10000.0 against 40000.0$"):
+        to_xtransformers(rotary, _module(rotary_pos_emb=True, rotary_emb_dim=4, rotary_base_rescale_factor=2.0))
     other = from_xtransformers(_module(macaron=True))
     stack = other.build(_derived(other).torch_module(), dtype=torch.float64)
     with pytest.raises(SplitformerError, match="the Stack"):
@@ -256,14 +264,16 @@ def test_names_cut_at_64_characters_stay_apart():
     assert (plain + "-alibi")[:64].rstrip("-") == plain  # the old cut: one name for the two
 
 
-def test_custom_layers_that_spell_the_default_layout_are_read():
+@pytest.mark.parametrize("depth", [{"depth": 2}, {}], ids=["depth given", "depth left to x-transformers"])
+def test_custom_layers_that_spell_the_default_layout_are_read(depth):
     """A tester's finding: ``custom_layers=("a", "f", "a", "f")``, the default layout of depth 2, was refused as a
     custom layout. It is read now, equal to the default module's scheme and outputs; another layout (control) is
-    still refused."""
+    still refused. Without ``depth`` (x-transformers' own usage: it sets depth to the layers' count, 4) it was still
+    refused (a tester, s43)."""
     torch.manual_seed(0)
     default = x_transformers.Encoder(dim=16, depth=2, heads=2, attn_dim_head=8, attn_flash=True).double()
-    spelled = x_transformers.Encoder(dim=16, depth=2, heads=2, attn_dim_head=8, attn_flash=True,
-                                     custom_layers=("a", "f", "a", "f")).double()
+    spelled = x_transformers.Encoder(dim=16, heads=2, attn_dim_head=8, attn_flash=True,
+                                     custom_layers=("a", "f", "a", "f"), **depth).double()
     spelled.load_state_dict(default.state_dict())
     adapted = from_xtransformers(spelled)
     assert adapted.scheme_file == from_xtransformers(default).scheme_file

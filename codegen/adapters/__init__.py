@@ -16,6 +16,7 @@ disagrees.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 from dataclasses import replace
 from functools import partial
@@ -213,7 +214,7 @@ def to_xtransformers(params: Any, module: Any, *, dtype: Any = None) -> dict[str
         params = _holding(like, params)
     elif params.scheme_file != like.scheme_file or params.options != like.options:
         raise SplitformerError("to_xtransformers: the Adapted was read from a module with other flags "
-                               f"(scheme {params.scheme!r}, the module's {like.scheme!r})")
+                               f"(scheme {params.scheme!r}, the module's {like.scheme!r}): {_readings_differ(params, like)}")
     elif params.n_heads != like.n_heads:
         raise SplitformerError(f"to_xtransformers: the Adapted was read from a module of {params.n_heads} heads, "
                                f"the module has {like.n_heads}")
@@ -221,6 +222,19 @@ def to_xtransformers(params: Any, module: Any, *, dtype: Any = None) -> dict[str
         params = like.with_params(params.layers, params.final_norm)
     unprobed = partial(_reader("xtransformers", type(module).__name__, None), probe=False)  # it reads 0, 1, … on purpose
     return xtransformers_state(params, module, unprobed, dtype)
+
+
+def _readings_differ(ours: Adapted, theirs: Adapted) -> str:
+    """Where two readings differ: the lines of their scheme files (``-`` ours, ``+`` theirs) and their options."""
+    lines = [line for line in difflib.unified_diff(ours.scheme_file.splitlines(), theirs.scheme_file.splitlines(),
+                                                   lineterm="", n=0)
+             if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+    options = [f"{name} {ours.options.get(name)!r} against {theirs.options.get(name)!r}"
+               for name in sorted(set(ours.options) | set(theirs.options))
+               if ours.options.get(name) != theirs.options.get(name)]
+    shown = lines[:8] + (["…"] if len(lines) > 8 else [])
+    return "; ".join((["scheme file lines (- the Adapted's, + the module's): " + " | ".join(shown)] if lines else [])
+                     + (["options " + ", ".join(options)] if options else []))
 
 
 def _check_tied_copies(adapted: Adapted) -> None:

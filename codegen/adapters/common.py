@@ -25,12 +25,13 @@ ACTIVATION_FUNCTIONS = {"relu": "relu", "gelu": "gelu", "silu": "silu", "tanh": 
 
 
 def activation_name(owner: str, function: Any) -> str:
-    """The scheme activation ``function`` computes (exact GELU only); anything else is refused."""
+    """The scheme activation ``function`` computes (torch's ``GELU`` exact or tanh-approximated); anything else is
+    refused."""
     import torch
 
     name = library_name(function)  # a user class runs (and is read as) the library class it derives from
-    if name == "GELU" and getattr(function, "approximate", "none") == "none":
-        return "gelu"
+    if name == "GELU" and getattr(function, "approximate", "none") in ("none", "tanh"):
+        return "gelu" if function.approximate == "none" else "gelu-tanh"
     if name in ACTIVATION_CLASSES and not getattr(function, "use_gelu_tanh_python", False):
         return ACTIVATION_CLASSES[name]
     plain = getattr(function, "__name__", "")
@@ -38,7 +39,8 @@ def activation_name(owner: str, function: Any) -> str:
         return ACTIVATION_FUNCTIONS[plain]
     shown = plain or repr(function)
     raise SplitformerError(f"{owner} activation {shown} has no scheme activation "
-                           f"(supported: {', '.join(sorted(set(ACTIVATION_FUNCTIONS)))}; gelu is the exact erf form)")
+                           f"(supported: {', '.join(sorted(set(ACTIVATION_FUNCTIONS)))}, and torch's GELU exact or "
+                           "approximate='tanh')")
 
 
 def check_attention(owner: str, path: str, attention: Any, head_dim: int, scheme: str) -> None:

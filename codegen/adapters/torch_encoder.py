@@ -63,6 +63,10 @@ def read_encoder_layer(layer: Any) -> Adapted:
     # the activation torch's fast path computes; 0: no fast path (torch.relu, a callable of one's own), the slow
     # path computes layer.activation, which was read above
     fast = getattr(layer, "activation_relu_or_gelu", None)
+    if activation == "gelu-tanh" and fast == 2:
+        raise SplitformerError("TransformerEncoderLayer.activation is GELU(approximate='tanh'), which torch's layer "
+                               "computes outside its fast path only: its fast path (eval, no grad) computes the exact "
+                               "GELU (activation_relu_or_gelu=2), so the layer computes two functions")
     if fast and fast != {"relu": 1, "gelu": 2}.get(activation, 0):
         raise SplitformerError(f"TransformerEncoderLayer.activation ({activation}) was replaced after construction; "
                                f"torch's fast path still computes activation_relu_or_gelu={fast}")

@@ -148,10 +148,6 @@ NORM_NOTES = {
     "SimpleRMSNorm": "SimpleRMSNorm has no gain: read as rms-norm with unit gains (a generated Block trains them)",
 }
 
-#: The feed-forward activations the generated code computes: ``nn.GELU`` (exact), ``nn.SiLU`` (``ff_swish``)
-#: and ``ReluSquared`` (``ff_relu_squared``: ``relu(x)²``).
-FF_ACTIVATIONS = ("gelu", "silu", "relu-squared")
-
 
 #: The options of ``scored-attention`` as words of a scheme name.
 SCORE_WORDS = {"qk_norm": "qk-norm", "alibi": "alibi", "rel_pos_bias": "t5", "pre_talking_heads": "th-pre", "post_talking_heads": "th-post"}
@@ -372,10 +368,7 @@ def _feed_forward(owner: str, feed_forward: Any, key: str) -> tuple[dict[str, np
         act = glu.act
     else:
         act = next(module for module in feed_forward.ff[0] if not isinstance(module, torch.nn.Linear))
-    activation = "relu-squared" if library_name(act) == "ReluSquared" else activation_name(f"{owner}.ff", act)
-    if activation not in FF_ACTIVATIONS:
-        raise _refuse(owner, f"the feed-forward activation {activation}",
-                      "x-transformers' own are gelu, ff_swish (silu) and ff_relu_squared")
+    activation = "relu-squared" if library_name(act) == "ReluSquared" else activation_name(f"{owner}.ff (ff_custom_activation)", act)
     into, out = linears
     biases = [into.bias is not None, out.bias is not None]
     if biases[0] != biases[1]:
@@ -694,8 +687,9 @@ def read_attention_layers(layers: Any, *, probe: bool = True) -> Adapted:
     ``probe``: run the module and the generated forward of what was read on a random input, refusing a
     difference (``probe.check_probe``); off only where the writer reads parameters set to 0, 1, … on purpose."""
     owner = type(layers).__name__
-    plain = getattr(layers, "has_custom_layer_types", False) is True and \
-        tuple(layers.layer_types) == ("a", "f") * getattr(layers, "depth", -1)  # custom_layers spelling the default
+    # custom_layers spelling the default layout (x-transformers then sets depth to their count, or keeps a given one)
+    plain = getattr(layers, "has_custom_layer_types", False) is True and len(layers.layer_types) % 2 == 0 and \
+        tuple(layers.layer_types) == ("a", "f") * (len(layers.layer_types) // 2)
     accepted = {"has_custom_layer_types": (True, LAYERS_DEFAULTS["has_custom_layer_types"][1])} if plain else {}
     _check_defaults(owner, layers, {**LAYERS_DEFAULTS, **accepted}, "")
     _check_classes(owner, [layers.rel_pos, *layers.skip_combines, *layers.layer_integrators])
@@ -800,6 +794,9 @@ def read_wrapper(wrapper: Any, *, probe: bool = True) -> Adapted:
     if getattr(wrapper, "cls_token", None) is not None:
         raise _refuse("TransformerWrapper", "use_cls_token=True", "its class tokens join the sequence between the "
                       "embeddings and attn_layers, so every token's attention changes")
+    if getattr(wrapper, "ff_deep_embed", None) is not None:  # handed to attn_layers with the token ids
+        raise _refuse("TransformerWrapper", "ff_deep_embed=True", "a learned embedding of each token and layer "
+                      "multiplies every feed-forward output inside attn_layers, which the scheme does not read")
     for flag, why in (("recycling", "attn_layers runs again on its own output, recycled"),
                       ("looped", "attn_layers runs in a loop until its exit gate stops it")):
         if getattr(wrapper, flag, False):

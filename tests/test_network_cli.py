@@ -49,11 +49,13 @@ def test_activation_is_refused_for_models_with_one_line(tmp_path, capsys):
     assert not any(tmp_path.iterdir())
 
 
-@pytest.mark.parametrize("kernel, padding, holds", [(2, 1, False), (3, 1, True)])
+@pytest.mark.parametrize("kernel, padding, holds", [(2, 1, False), (2, 0, False), (3, 1, True)])
 def test_check_fails_a_grid_step_no_image_can_run(tmp_path, capsys, kernel, padding, holds):
     """Attack s33 L6: a field of one kernel-2, padding-1 convolution grows every grid by a node, so its F(u) never
     meets u and the module refuses every image; ``check`` skipped its adjoint test ("no grid size tried") and passed.
-    It now tries sides 1 to 64 and fails where none runs; the kernel-3 control runs on 4 × 4 and passes."""
+    It now tries sides 1 to 64 and fails where none runs; the kernel-3 control runs on 4 × 4 and passes. Unpadded, the
+    kernel-2 field shrinks each grid by a node instead, and its 1 × 1 image is too small: ``check`` skipped it, saying
+    every image was too small (a tester, s43); what is too small on the largest side alone makes a skip now."""
     import json
 
     path = tmp_path / "grows.toml"
@@ -86,4 +88,58 @@ def test_check_skips_a_grid_step_whose_images_up_to_128_are_too_small(tmp_path, 
                     + halving("t") + f"[step]\nfield = {names('a')}\ntransfer = {names('t')}\n")
     assert main(["check", str(path), "--only", "adjoint-test", "--format", "json"]) == 2  # nothing checked: no success
     check = json.loads(capsys.readouterr().out)["checks"][0]
-    assert check["method"] == "skipped" and check["detail"].startswith("every image up to 128 × 128 pixels is too small")
+    assert check["method"] == "skipped" and check["detail"].startswith("an image of 128 × 128 pixels is still too small")
+
+
+def test_check_runs_a_transfer_that_meets_the_field_at_stride_three(tmp_path, capsys):
+    """A tester's finding (s43): a stride-2 field beside a shortcut of stride ``stride`` padded 2 meet at stride 3
+    only; ``check`` tried strides 2 and 1 and failed the transfer as one that "can never run" (untested). It tries 3
+    and 4 where neither runs, and tests the transfer there."""
+    import json
+
+    path = tmp_path / "third.toml"
+    path.write_text('name = "third"\nsummary = "meets at stride 3"\n[operators]\nconv1 = { kind = "convolution", '
+                    'kernel = 5, stride = 2, padding = 2, inputs = "c" }\nsc = { kind = "convolution", kernel = 3, '
+                    'stride = "stride", padding = 2, inputs = "c" }\n[step]\nfield = ["conv1"]\ntransfer = ["sc"]\n')
+    assert main(["check", str(path), "--only", "adjoint-test", "--format", "json"]) == 0
+    checks = json.loads(capsys.readouterr().out)["checks"]
+    assert checks and all(check["holds"] and check["method"] != "skipped" for check in checks)
+    assert any("stride 3, with its transfer" in check["statement"] for check in checks)
+
+
+def test_the_finite_difference_check_never_compares_zero_with_zero(tmp_path, capsys):
+    """A tester's network file (s43): at the point its name seeds, ReLUs cut every path, so the derivative and its
+    difference quotient were both 0; the check said "ok" (gap 0), its negative control failed (gap 0), and the same
+    file under another name passed. Such a point is passed over for the next (``informative_gap``)."""
+    import json
+
+    path = tmp_path / "fz-bdtdh.toml"
+    path.write_text('name = "fz-bdtdh"\nsummary = "fuzzed grid network"\n[operators]\n'
+                    'relu1 = { kind = "relu-projection", inputs = "c" }\n'
+                    'bn2 = { kind = "batch-norm", inputs = "c", outputs = "c" }\n'
+                    'bn3 = { kind = "batch-norm", inputs = "c", outputs = "c" }\n'
+                    'up4 = { kind = "transposed-convolution", kernel = 1, inputs = "c" }\n'
+                    'relu5 = { kind = "relu-projection" }\n'
+                    '[step]\nfield = ["relu1", "bn2", "bn3", "bn3", "up4"]\nprojection = "relu5"\n')
+    assert main(["check", str(path), "--only", "adjoint", "--format", "json"]) == 0
+    checks = {check["id"]: check for check in json.loads(capsys.readouterr().out)["checks"]}
+    assert all(check["method"] == "numeric" and check["holds"] for check in checks.values())
+    gap = float(checks["adjoint/fz-bdtdh/finite-difference"]["detail"].split("R = 1 ")[1].split()[0])
+    assert 0 < gap < 1e-20
+
+
+
+def test_informative_gap_passes_over_points_that_compare_nothing(monkeypatch):
+    """``informative_gap`` tries the next seed where a point compares 0 with 0, and gives None where all do."""
+    from splitformer.codegen.verification.statements import adjoint
+
+    seeds = []
+
+    def gaps(adjoints, seed, sizes, positive, vacuous):
+        seeds.append(seed)
+        return [vacuous if len(seeds) < 3 else 1e-30]
+
+    monkeypatch.setattr(adjoint, "finite_difference_gaps", gaps)
+    assert adjoint.informative_gap(None, "net/R = 1") == 1e-30 and seeds == ["net/R = 1", "net/R = 1#1", "net/R = 1#2"]
+    seeds.clear()
+    assert adjoint.informative_gap(None, "net/R = 1", tries=2) is None and len(seeds) == 2

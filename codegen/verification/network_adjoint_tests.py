@@ -108,6 +108,8 @@ def _grid(module, rng, transfer: bool, described: str, channels: int = 3, side: 
 #: ran out of time (wide kernels), is skipped saying so.
 SIDES = (4, *range(1, 4), *range(5, 129))
 _SEARCH_SECONDS = 20.0
+#: The strides the search tries, as its messages say.
+_STRIDES = ", stride 1 to 4"
 
 
 def any_grid(spec: GridNetworkSpec, module, rng, transfers: tuple[bool, ...] | None = None,
@@ -115,28 +117,31 @@ def any_grid(spec: GridNetworkSpec, module, rng, transfers: tuple[bool, ...] | N
     """The sizes of ``_grid`` for a grid step of another composition: with its transfer (if any) at stride 2, then at
     stride 1, then without it (``transfers``: those tried, by default both), with 3 input channels, then with as many
     as features (R = 1 and F ending on the features need them), on each of ``sides`` in turn (4 × 4 pixels first);
-    the first whose F(u) and R u land on one grid and channels. Else why not: ``None`` (its module refused every
-    one), ``"small"`` (some outputs were empty), or ``"budget"`` (``_SEARCH_SECONDS`` ran out)."""
+    the first whose F(u) and R u land on one grid and channels; where none does, strides 3 and 4 alike (a
+    shortcut's R u may meet F(u) only there). Else why not: ``None`` (its module refused every one), ``"small"``
+    (some outputs were empty on the largest side: a larger image may run it), or ``"budget"`` (``_SEARCH_SECONDS``
+    ran out)."""
     if transfers is None:
         transfers = (True, False) if module.TRANSFER_PARAMETERS else (False,)
-    start, small = time.perf_counter(), False
-    for side, channels, transfer, stride in ((side, channels, transfer, stride) for side in sides
-                                             for channels in (3, 4) for transfer in transfers for stride in (2, 1)):
-        if time.perf_counter() - start > _SEARCH_SECONDS:
-            return "budget"
-        pixels, params, function, adjoint, options, _ = _grid(module, rng, transfer, "", channels, side)
-        options = {**options, "stride": stride} if spec.reads_stride else {"eps": options["eps"]}
-        try:
-            output = function(pixels, params, **options)
-        except ValueError as error:  # refused; GridTooSmall: a grid of no nodes, the image too small for its kernels
-            small = small or isinstance(error, getattr(module, "GridTooSmall", ()))
-            continue
-        if np.size(output) == 0:  # an empty output all the same (a module that does not refuse it)
-            small = True
-            continue
-        return (pixels, params, function, adjoint, options,
-                f"one step of {spec.name} (2 images of {channels} channels on {side} × {side}, d = 4"
-                + (f", stride {stride}" if spec.reads_stride else "") + (", with its transfer)" if transfer else ")"))
+    start, small, largest = time.perf_counter(), False, max(sides)
+    for strides in ((2, 1), (3, 4)) if spec.reads_stride else ((None,),):
+        for side, channels, transfer, stride in ((side, channels, transfer, stride) for side in sides
+                                                 for channels in (3, 4) for transfer in transfers for stride in strides):
+            if time.perf_counter() - start > _SEARCH_SECONDS:
+                return "budget"
+            pixels, params, function, adjoint, options, _ = _grid(module, rng, transfer, "", channels, side)
+            options = {**options, "stride": stride} if spec.reads_stride else {"eps": options["eps"]}
+            try:
+                output = function(pixels, params, **options)
+            except ValueError as error:  # refused; GridTooSmall: a grid of no nodes, the image too small for its kernels
+                small = small or (side == largest and isinstance(error, getattr(module, "GridTooSmall", ())))
+                continue
+            if np.size(output) == 0:  # an empty output all the same (a module that does not refuse it)
+                small = small or side == largest
+                continue
+            return (pixels, params, function, adjoint, options,
+                    f"one step of {spec.name} (2 images of {channels} channels on {side} × {side}, d = 4"
+                    + (f", stride {stride}" if spec.reads_stride else "") + (", with its transfer)" if transfer else ")"))
     return "small" if small else None
 
 
@@ -160,8 +165,8 @@ def _transfer_unrun(spec: GridNetworkSpec, module, rng, described: str) -> list[
                           else f"the search's {_SEARCH_SECONDS:g} s ran out)"))]
     return [Check(check_id, spec.name, statement, "numeric", False,
                   f"no image runs the step with its transfer: on 1 × 1 to {SIDES[-1]} × {SIDES[-1]} pixels (3 or 4 "
-                  "input channels, d = 4, stride 2 or 1) its R u never lands on F(u)'s grid and channels, so the "
-                  "file's transfer can never run; the tests ran without it")]
+                  f"input channels, d = 4{_STRIDES if spec.reads_stride else ''}) its R u never lands on F(u)'s grid "
+                  "and channels, so the file's transfer can never run; the tests ran without it")]
 
 
 _BUILDERS = {
@@ -192,14 +197,14 @@ def network_adjoint_tests(spec: NetworkSpec | str) -> list[Check]:
     if family is None and not isinstance(spec, GridNetworkSpec):
         return [unwritten_family(f"adjoint-test/{spec.name}", spec, statement)]
     if family is None and pixels is None and found in ("small", "budget"):
-        why = (f"every image up to {SIDES[-1]} × {SIDES[-1]} pixels is too small for its kernels (an empty output)"
+        why = (f"an image of {SIDES[-1]} × {SIDES[-1]} pixels is still too small for its kernels (an empty output)"
                if found == "small" else f"no image tried in {_SEARCH_SECONDS:g} s runs the step (wide kernels)")
         return [Check(f"adjoint-test/{spec.name}", spec.name, statement, SKIPPED, True, why)]
     if family is None and pixels is None:  # its F(u) and R u never meet: the step cannot run on any image
         return [Check(f"adjoint-test/{spec.name}", spec.name, statement, "numeric", False,
                       f"no image runs the step: on 1 × 1 to {SIDES[-1]} × {SIDES[-1]} pixels (3 or 4 input channels, "
-                      "d = 4, stride 2 or 1, with and without its transfer) its module refuses every one, its F(u) and "
-                      "R u landing on different grids or channels")]
+                      f"d = 4{_STRIDES if spec.reads_stride else ''}, with and without its transfer) its module refuses "
+                      "every one, its F(u) and R u landing on different grids or channels")]
     if isinstance(spec, GridNetworkSpec) and not spec.reads_stride:  # unet-level: its file fixes each stride
         options = {key: value for key, value in options.items() if key != "stride"}
     checks = _adjoint_check(spec, pixels, params, function, adjoint, options, described)

@@ -41,8 +41,8 @@ from ..guard import DIVIDES_BY_ZERO
 from . import SKIPPED, Check
 from .recovery import vanishes
 
-__all__ = ["adjoint_checks", "general_adjoint_checks", "finite_difference_gap", "finite_difference_gaps", "flip_sign",
-           "TOLERANCE", "MAX_WORK", "forward_work"]
+__all__ = ["adjoint_checks", "general_adjoint_checks", "finite_difference_gap", "finite_difference_gaps", "informative_gap",
+           "flip_sign", "TOLERANCE", "MAX_WORK", "forward_work"]
 
 _DIGITS = 50
 _STEP = sp.Float("1e-20", _DIGITS)
@@ -111,9 +111,23 @@ def finite_difference_gap(adjoint: Adjoint, seed: str = "adjoint", sizes: dict |
     return finite_difference_gaps([adjoint], seed, sizes, positive)[0]
 
 
+def informative_gap(adjoint: Adjoint, seed: str, sizes: dict | None = None,
+                    positive: frozenset[str] = frozenset(), tries: int = 5) -> sp.Float | None:
+    """``finite_difference_gap`` at the first of ``tries`` random points (seeds ``seed``, ``seed#1``, …) where the
+    derivative or its difference quotient is not 0; None where both are 0 at every one. At a point where ReLUs cut
+    every path (a grid step's), 0 against 0 compares nothing: it would pass any adjoint, and fail the negative
+    control that flips a sign (a tester's network file passed or failed by its name, which seeds the point)."""
+    for attempt in range(tries):
+        gap = finite_difference_gaps([adjoint], seed + (f"#{attempt}" if attempt else ""), sizes, positive, None)[0]
+        if gap is not None:
+            return gap
+    return None
+
+
 def finite_difference_gaps(adjoints: list[Adjoint], seed: str = "adjoint", sizes: dict | None = None,
-                           positive: frozenset[str] = frozenset()) -> list[sp.Float]:
-    """``finite_difference_gap`` of adjoints of one forward program (its central difference computed once)."""
+                           positive: frozenset[str] = frozenset(), vacuous: sp.Float | None = sp.Float(0)) -> list:
+    """``finite_difference_gap`` of adjoints of one forward program (its central difference computed once);
+    ``vacuous`` where the derivative and the difference quotient are both 0."""
     program = adjoints[0].forward
     sizes = {**_sizes(program), **(sizes or {})}
     point, direction, costate = _random(seed + "/point"), _random(seed + "/direction"), _random(seed + "/costate")
@@ -156,7 +170,7 @@ def finite_difference_gaps(adjoints: list[Adjoint], seed: str = "adjoint", sizes
                       for name, gradient in adjoint.gradients.items()
                       for index, value in values[gradient].items() if inside(name, index))
         scale = max(abs(sp.N(derived, _DIGITS)), abs(sp.N(numeric, _DIGITS)))  # 0 only where both are
-        return abs(sp.N(numeric - derived, _DIGITS)) / scale if scale else sp.Float(0)
+        return abs(sp.N(numeric - derived, _DIGITS)) / scale if scale else vacuous
 
     return [gap(adjoint) for adjoint in adjoints]
 

@@ -230,3 +230,21 @@ def test_the_longer_taylor_steps_do_not_hide_a_gradient_error_the_short_ones_sho
     assert all(check.holds for check in scheme_adjoint_tests(scheme, module))
     taylor = scheme_adjoint_tests(scheme, SimpleNamespace(forward=module.forward, vjp=wrong_vjp))[1]
     assert not taylor.holds and _slopes(taylor.detail)[0] < 1.1 and "h₀" not in taylor.detail, taylor.detail
+
+
+def test_a_piecewise_affine_map_with_a_kink_before_a_quarter_step_holds():
+    """A tester's grid file on a 1 × 1 grid (s43): convolutions and ReLUs, affine along v up to h = 1/10, a kink
+    before h = 1/4; r(h) was rounding at the short steps, the slope fitted to rounding (0.166) failed a right
+    gradient. Affine up to h = 1/100 holds now; control: a gradient off by 1e-6 along the direction fails."""
+    def forward(x):
+        a = x["a"]
+        return 3 * a + np.maximum(a - 0.8, 0) + np.maximum(0.6 - a, 0)  # kinks 0.1 from the point, either way
+
+    def vjp(scale):
+        return lambda x, w: {"a": scale * w}
+
+    checks = adjoint_tests("kinked", None, "a map with kinks", forward, vjp(3.0), {"a": np.array([0.7])}, seed=0)
+    taylor = next(check for check in checks if check.id.endswith("taylor"))
+    assert taylor.holds and "at h up to 0.01 too" in taylor.detail
+    wrong = adjoint_tests("kinked", None, "a map with kinks", forward, vjp(3.0 + 1e-6), {"a": np.array([0.7])}, seed=0)
+    assert not next(check for check in wrong if check.id.endswith("taylor")).holds

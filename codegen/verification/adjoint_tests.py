@@ -18,7 +18,8 @@ For a map ``Φ`` of a point ``x`` (the input and every parameter array), a rando
   grows tenfold, up to 0.1: a map near the identity (fields taking 1/1000 of the step) has its curvature under the
   rounding at the short steps.
   A step affine along ``v`` leaves ``r(h)`` at rounding (at most 1e-13 of ``max(1, Σ|w Φ|)``) at the shortest
-  steps and at ``h`` = 1/4, 1/2, 1, no slope to fit: that holds too, the control still.
+  steps and at ``h`` = 1/4, 1/2, 1 (or, past a ReLU's kink there, at 1/400, 1/200, 1/100), no slope to fit: that
+  holds too, the control still.
 
 The steps are small because a ReLU is not differentiable at its kink: a step that carries a
 pre-activation across 0 spoils both tests (at these sizes the chance is about 1 % a scheme).
@@ -66,7 +67,11 @@ _PERTURBATION = 1e-2
 #: every input), r(h) has no h² to fit, and a gradient off by δ along v would leave r(1) = |δ| there; a nonlinear Φ
 #: whose curvature hides under the rounding of a large constant part at h ≤ 1e-4 shows it at h = 1.
 _AFFINE = 1e-13
-_AFFINE_STEPS = (0.25, 0.5, 1.0)
+#: The long steps, then shorter ones: a piecewise-affine Φ (convolutions and ReLUs) may cross a kink before h = 1/4
+#: on a small grid, where each entry of the unit direction is large, and is affine along v up to h = 1/100 (a tester's
+#: 1 × 1 grid: r(h) rounding up to 1/10, the slope fitted to rounding 0.166, failed); a gradient off by δ along v
+#: leaves r(1/100) = |δ|/100 there, still far above rounding.
+_AFFINE_STEPS = ((0.25, 0.5, 1.0), (0.0025, 0.005, 0.01))
 
 
 def _inner(first: Point, second: Point) -> float:
@@ -77,18 +82,16 @@ def _shifted(x: Point, v: Point, h: float) -> Point:
     return {name: x[name] + h * v[name] for name in x}
 
 
-def _affine_far(along: Callable[[float], np.ndarray], w: np.ndarray, base: float, derivative: float) -> bool:
-    """Whether r(h) is rounding at the long steps ``_AFFINE_STEPS`` too (each against its own terms Σ|w Φ(x + h v)|),
-    a finite Φ there: the test of an affine Φ, where the short steps alone cannot tell a curvature from rounding."""
-    for h in _AFFINE_STEPS:
+def _affine_far(along: Callable[[float], np.ndarray], w: np.ndarray, base: float, derivative: float) -> float | None:
+    """The longest step up to which r(h) is rounding at the long steps of ``_AFFINE_STEPS`` too (each against its own
+    terms Σ|w Φ(x + h v)|), a finite Φ there, or None: the test of an affine Φ, where the short steps alone cannot
+    tell a curvature from rounding."""
+    def rounding(h: float) -> bool:
         with np.errstate(all="ignore"):
             output = along(h)
-        if not np.isfinite(output).all():
-            return False
-        scale = max(1.0, float(np.abs(w * output).sum()))
-        if abs(float(np.vdot(w, output)) - base - h * derivative) > _AFFINE * scale:
-            return False
-    return True
+        scale = max(1.0, float(np.abs(w * output).sum())) if np.isfinite(output).all() else np.inf
+        return abs(float(np.vdot(w, output)) - base - h * derivative) <= _AFFINE * scale
+    return next((steps[-1] for steps in _AFFINE_STEPS if all(rounding(h) for h in steps)), None)
 
 
 def _linear_term(steps: np.ndarray, signed: np.ndarray, rounding: float) -> bool:
@@ -159,11 +162,12 @@ def adjoint_tests(name: str, owner: str | None, described: str, forward: Callabl
             break  # the slope holds, or r(h) stands clear of rounding or holds a gradient error's h: not rounding's
     gap, control_gap = dot_gap(gradient), dot_gap(perturbed)
     first = slope(perturbed)
-    affine = remainder <= _AFFINE * terms and _affine_far(along, w, base, _inner(gradient, v))
+    reach = _affine_far(along, w, base, _inner(gradient, v)) if remainder <= _AFFINE * terms else None
+    affine = reach is not None
     taylor = f"slope {second:.3f}; control slope {first:.3f}" + (f" (h₀ = {steps[0]:g})" if scale > 1 else "")
     if affine:
-        taylor = (f"r(h) ≤ {remainder:.1e}, rounding (at most {_AFFINE:g} of max(1, Σ|w Φ|)), at h up to 1 too: Φ is "
-                  f"affine along v, no h² to fit; control slope {first:.3f}")
+        taylor = (f"r(h) ≤ {remainder:.1e}, rounding (at most {_AFFINE:g} of max(1, Σ|w Φ|)), at h up to {reach:g} too: "
+                  f"Φ is affine along v, no h² to fit; control slope {first:.3f}")
     arrays = f"{len(x)} arrays ({', '.join(list(x)[:3])}{', …' if len(x) > 3 else ''})"
     return [
         Check(f"adjoint-test/{name}/dot", owner,

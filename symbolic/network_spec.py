@@ -209,6 +209,10 @@ def _grid_network(document: dict, where: str) -> GridNetworkSpec:
     if len(field_keys) + len(transfer) > MAX_GRID_OPERATORS:
         raise SplitformerError(f"{where}: step: more than {MAX_GRID_OPERATORS} operators")
     _check_grid_uses(operators, field_keys, transfer, projection, where)
+    unused = [key for key in operators if key not in (*field_keys, *transfer, projection)]
+    if unused:  # as a scheme's: most likely a name mistyped in [step]
+        raise SplitformerError(f"{where}: operator {unused[0]!r} is declared but the step never applies it (its "
+                               "parameters would be required for nothing); remove it or name it in [step]")
     return GridNetworkSpec(*_identity(document, where), operators, field_keys, transfer, projection)
 
 

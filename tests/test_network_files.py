@@ -227,6 +227,8 @@ _VIT = _builtin_text("vit")
     (_UNET.replace("conv = {", '"conv(1)" = {').replace('"conv",', '"conv(1)",'), "not an operator name"),
     (_UNET.replace('relu = { kind = "relu-projection" }', 'relu = { kind = "attention" }'), "a grid step composes"),
     (_UNET.replace("[step]", "step = 5\n[stepx]"), "unknown field"),
+    (_UNET.replace("[step]", 'spare = { kind = "convolution", kernel = 1 }\n[step]'),
+     "operator 'spare' is declared but the step never applies it"),  # a tester (s43): accepted, its digest changed
     (_UNET.replace('field = ["down", "conv", "bn", "relu", "up"]', 'field = "down"'), "expected a list of operator names"),
     (_VIT.replace('operator = "embed"', 'operator = "embed\\" in params or 1 or \\""'), "not an operator name"),
     (_VIT.replace('operator = "head"', 'operator = "embed"'), "both named 'embed'"),
@@ -443,7 +445,12 @@ def test_check_on_a_network_file_that_is_no_published_network_skips_the_recovery
     assert "steps of 'post-ln' (gelu)" in checks["vit-post"]["recovery/vit-post/symbolic"].statement
     builtin = {check.id: check for check in splitformer.derive("vit").check(only="recovery").checks}
     assert builtin["recovery/vit/numeric"].method == "numeric" and builtin["recovery/vit/numeric"].holds  # control
-    assert "steps of 'pre-ln' (gelu)" in builtin["recovery/vit/numeric"].statement
+    assert "steps of 'pre-ln' (gelu), the final projection, class-token head" in builtin["recovery/vit/numeric"].statement
+    # a tester (s43): the statement named a final projection for a file without one
+    bare = _copy(tmp_path, "vit", "vit-bare", ("final_norm = true", "final_norm = false"))
+    statement = {check.id: check for check in splitformer.derive(str(bare)).check(only="recovery").checks}[
+        "recovery/vit-bare/symbolic"].statement
+    assert "steps of 'pre-ln' (gelu), class-token head" in statement
 
 
 @pytest.mark.parametrize("name, replace", [

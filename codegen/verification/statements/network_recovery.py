@@ -164,7 +164,8 @@ def vit_checks(model: NetworkProgram) -> list[Check]:
     name = model.spec.name
     scheme = model.spec.scheme
     statement = (f"The derived {name} model (patch embedding, class node and position term, steps of "
-                 f"'{scheme.name}' ({scheme.activation}), the final projection, class-token head) equals the published "
+                 f"'{scheme.name}' ({scheme.activation}){', the final projection' if model.spec.final_norm else ''}, "
+                 "class-token head) equals the published "
                  "ViT with every parameter free")
     published = load_network("vit")
     equivariance = equivariance_check(f"{name}/translation-equivariance", name, model.parts["embedding"][0].assignments[0],

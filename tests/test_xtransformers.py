@@ -386,3 +386,11 @@ def test_an_encoder_dropping_whole_layers_in_training_mode_is_refused():
     x = torch.randn(2, 6, DIM, dtype=torch.float64)
     with torch.no_grad():
         assert (stack(x) - source(x)).abs().max() <= 1e-10
+
+
+def test_layers_that_differ_are_refused_naming_what_differs():
+    """A tester (s43): ``shift_tokens`` with one value per layer was refused as "layers that differ in structure",
+    naming neither the layer nor what differs in it."""
+    with pytest.raises(SplitformerError, match=r"layers that differ in structure; .*layer 1's shift1 is .*'reach': 2.*, "
+                                               r"layer 0's .*'reach': 1"):
+        from_xtransformers(_module(depth=2, shift_tokens=(1, 0, 2, 0)))

@@ -680,6 +680,18 @@ def _causal(owner: str, layers: Any) -> bool:
     return causal
 
 
+def _first_difference(block: Any, first: Any, index: int) -> str:
+    """Where layer ``index``'s block first differs from layer 0's (a per-layer flag, such as ``shift_tokens``
+    given one value per layer), in words."""
+    for name in sorted(set(block.operators) | set(first.operators)):
+        if block.operators.get(name) != first.operators.get(name):
+            return f"layer {index}'s {name} is {block.operators.get(name)!r}, layer 0's {first.operators.get(name)!r}"
+    step = next(number for number, (mine, theirs) in enumerate(zip(block.steps, first.steps)) if mine != theirs) \
+        if len(block.steps) == len(first.steps) else min(len(block.steps), len(first.steps))
+    return (f"layer {index}'s step {step} is {block.steps[step] if step < len(block.steps) else None!r}, layer 0's "
+            f"{first.steps[step] if step < len(first.steps) else None!r}")
+
+
 @adapter("xtransformers", "Encoder", "Decoder", "AttentionLayers")
 def read_attention_layers(layers: Any, *, probe: bool = True) -> Adapted:
     """An x-transformers ``Encoder``/``Decoder``: a stack of one composed scheme (``Adapted.scheme_file``).
@@ -711,8 +723,11 @@ def read_attention_layers(layers: Any, *, probe: bool = True) -> Adapted:
     activations = set().union(*(block.activations for block in blocks))
     if len(eps) != 1 or len(activations) != 1:
         raise _refuse(owner, "norms or activations that differ across sublayers", "a generated forward takes one of each")
-    if any(block.operators != first.operators or block.steps != first.steps for block in blocks):
-        raise _refuse(owner, "layers that differ in structure", "a generated Stack repeats one block")
+    differing = next((index for index, block in enumerate(blocks)
+                      if block.operators != first.operators or block.steps != first.steps), None)
+    if differing is not None:
+        raise _refuse(owner, "layers that differ in structure", "a generated Stack repeats one block; "
+                      + _first_difference(blocks[differing], first, differing))
     notes = sorted(note for note in first.notes if note)
     final_norm = None
     if library_name(layers.final_norm) != "Identity":

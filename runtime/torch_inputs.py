@@ -340,13 +340,18 @@ def _late_reads(cache: dict[str, torch.Tensor] | None, key: str, pos: torch.Tens
                              f"positions at least {-low} above the cached ones, or call without a cache")
 
 
-def _either(name: str, value: torch.Tensor | None, alias: str, aliased: torch.Tensor | None) -> torch.Tensor | None:
-    """``value``, or ``aliased`` given under torch's other name ``alias`` for it; a ValueError when both are given."""
-    if aliased is None:
-        return value
-    if value is not None:
-        raise ValueError(f"give {name} or {alias}, not both")
-    return aliased
+def _given(names: list[str], values: list[torch.Tensor | None]) -> torch.Tensor | None:
+    """The one of ``values`` given, or None: one argument under torch's names for it (``names``); a ValueError naming
+    two that are given."""
+    given: list[str] = []
+    chosen: torch.Tensor | None = None
+    for name, value in zip(names, values):
+        if value is not None:
+            given.append(name)
+            chosen = value
+    if len(given) > 1:
+        raise ValueError(f"give {given[0]} or {given[1]}, not both")
+    return chosen
 
 
 def _with_memory_mask(chi_m: torch.Tensor | None, memory_mask: torch.Tensor | None, batch: int, n_tokens: int,

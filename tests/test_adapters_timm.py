@@ -41,6 +41,17 @@ def test_a_block_with_the_tanh_gelu_round_trips(modules, rng):
     assert parity(modules, exact.with_params(adapted.params), source, rng.standard_normal((2, 5, D))) > 1e-6
 
 
+def test_a_block_with_timms_own_gelu_class_round_trips(modules, rng):
+    """timm's ``act_layer="gelu"`` builds ``timm.layers.activations.GELU``, which has no ``approximate``: read as the
+    exact GELU (a reviewer: reading the tanh form raised AttributeError on it)."""
+    activations = import_timm("timm.layers.activations")
+    source = block(act_layer=activations.GELU)
+    assert type(source.mlp.act).__module__ == "timm.layers.activations" and not hasattr(source.mlp.act, "approximate")
+    adapted = from_timm(source)
+    assert adapted.activation == "gelu"
+    assert parity(modules, adapted, source, rng.standard_normal((2, 5, D))) <= 1e-10
+
+
 def test_vision_transformer_round_trips(modules):
     torch.manual_seed(0)
     model = vision_transformer.VisionTransformer(img_size=8, patch_size=4, embed_dim=D, depth=2, num_heads=HEADS,

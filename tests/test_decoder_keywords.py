@@ -138,6 +138,10 @@ def test_a_scripted_block_takes_the_decoder_layers_keywords(rng):
     ({"memory_mask": np.zeros((N, M + 1), bool)}, r"memory_mask must be bool or float of shape \[6, 5\] or \[2, 6, 5\]"),
     ({"memory_mask": np.zeros((N, M), np.int64)}, "memory_mask must be bool or float"),
     ({"tgt_is_causal": 1}, "tgt_is_causal must be a bool"),
+    # a reviewer: the alias's own name, not the argument it stands for
+    ({"src_key_padding_mask": np.zeros((2, N), bool), "tgt_key_padding_mask": np.zeros((2, N), bool)},
+     "give src_key_padding_mask or tgt_key_padding_mask, not both"),
+    ({"tgt_key_padding_mask": np.zeros((2, N + 1), bool)}, r"^tgt_key_padding_mask must be bool or float of shape"),
 ])
 def test_bad_decoder_keywords_are_named(keywords, message, rng):
     _, torch_module = _modules(False)

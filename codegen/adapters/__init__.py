@@ -228,7 +228,7 @@ def _readings_differ(ours: Adapted, theirs: Adapted) -> str:
     """Where two readings differ: the lines of their scheme files (``-`` ours, ``+`` theirs) and their options."""
     lines = [line for line in difflib.unified_diff(ours.scheme_file.splitlines(), theirs.scheme_file.splitlines(),
                                                    lineterm="", n=0)
-             if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+             if line[:1] in "+-" and not line.startswith(("+++", "---")) and not line[1:].startswith(("name =", "summary ="))]
     options = [f"{name} {ours.options.get(name)!r} against {theirs.options.get(name)!r}"
                for name in sorted(set(ours.options) | set(theirs.options))
                if ours.options.get(name) != theirs.options.get(name)]

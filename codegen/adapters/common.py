@@ -30,8 +30,9 @@ def activation_name(owner: str, function: Any) -> str:
     import torch
 
     name = library_name(function)  # a user class runs (and is read as) the library class it derives from
-    if name == "GELU" and getattr(function, "approximate", "none") in ("none", "tanh"):
-        return "gelu" if function.approximate == "none" else "gelu-tanh"
+    approximate = getattr(function, "approximate", "none")  # timm's own GELU class has none: the exact form
+    if name == "GELU" and approximate in ("none", "tanh"):
+        return "gelu" if approximate == "none" else "gelu-tanh"
     if name in ACTIVATION_CLASSES and not getattr(function, "use_gelu_tanh_python", False):
         return ACTIVATION_CLASSES[name]
     plain = getattr(function, "__name__", "")

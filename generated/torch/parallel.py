@@ -810,7 +810,7 @@ def _one_sequence(key_padding_mask, batch: int, device: torch.device) -> torch.T
 
 def _support(key_padding_mask: torch.Tensor | None, attn_mask: torch.Tensor | None, causal: bool,
              batch: int, n_tokens: int, dtype: torch.dtype, device: torch.device, offset: int = 0,
-             attn_mask_name: str = "src_mask") -> torch.Tensor | None:
+             padding_name: str = "key_padding_mask", mask_name: str = "src_mask") -> torch.Tensor | None:
     """The support χ[b, i, j] of the token integral, or None when it is 1 everywhere.
 
     Bool (True = inside) when every mask is bool; with a float mask, the log-weight log χ
@@ -833,11 +833,11 @@ def _support(key_padding_mask: torch.Tensor | None, attn_mask: torch.Tensor | No
     floating = False
     if key_padding_mask is not None:
         key_padding_mask = _one_sequence(key_padding_mask, batch, device)
-        _check_mask("key_padding_mask", key_padding_mask, [[batch, n_keys]])
+        _check_mask(padding_name, key_padding_mask, [[batch, n_keys]])
         floating = key_padding_mask.is_floating_point()
     if attn_mask is not None:
         attn_mask = torch.as_tensor(attn_mask, device=device)
-        _check_mask(attn_mask_name, attn_mask, [[n_tokens, n_keys], [batch, n_tokens, n_keys]])
+        _check_mask(mask_name, attn_mask, [[n_tokens, n_keys], [batch, n_tokens, n_keys]])
         floating = floating or attn_mask.is_floating_point()
     if floating:
         support = torch.zeros(batch, n_tokens, n_keys, dtype=dtype, device=device)
@@ -852,13 +852,18 @@ def _support(key_padding_mask: torch.Tensor | None, attn_mask: torch.Tensor | No
     return support
 
 
-def _either(name: str, value: torch.Tensor | None, alias: str, aliased: torch.Tensor | None) -> torch.Tensor | None:
-    """``value``, or ``aliased`` given under torch's other name ``alias`` for it; a ValueError when both are given."""
-    if aliased is None:
-        return value
-    if value is not None:
-        raise ValueError(f"give {name} or {alias}, not both")
-    return aliased
+def _given(names: list[str], values: list[torch.Tensor | None]) -> torch.Tensor | None:
+    """The one of ``values`` given, or None: one argument under torch's names for it (``names``); a ValueError naming
+    two that are given."""
+    given: list[str] = []
+    chosen: torch.Tensor | None = None
+    for name, value in zip(names, values):
+        if value is not None:
+            given.append(name)
+            chosen = value
+    if len(given) > 1:
+        raise ValueError(f"give {given[0]} or {given[1]}, not both")
+    return chosen
 
 
 class _Group(torch.nn.Module):
@@ -1104,7 +1109,7 @@ class Block(_CanonicalModule):
             raise ValueError(f"u has dtype {u.dtype}, the block's parameters {dtype}")
         if u.device != device:
             raise ValueError(f"u is on {u.device}, the block's parameters on {device}")
-        key_padding_mask = _either("key_padding_mask", key_padding_mask, "src_key_padding_mask", src_key_padding_mask)
+        key_padding_mask = _given(["key_padding_mask", "src_key_padding_mask"], [key_padding_mask, src_key_padding_mask])
         u0 = u[None] if u.dim() == 2 else u if self.batch_first else u.transpose(0, 1)
         batch, n_tokens, d = u0.shape[0], u0.shape[1], u0.shape[2]
         if self.n_heads < 1 or d % self.n_heads:  # checked when built; a value set since here

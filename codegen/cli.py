@@ -8,6 +8,8 @@ An interrupt (Ctrl-C) ends in one line and status 130, whatever further interrup
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import os
 import signal
 import sys
@@ -531,6 +533,30 @@ def _run(argv: list[str] | None) -> tuple[str, int]:
         if not isinstance(getattr(arguments, "schemes", None), list):
             parser.error(f"unrecognized arguments: {' '.join(extras)}")
         arguments.schemes += _schemes_after_options(extras, parser)
+    with contextlib.redirect_stdout(_ToStderr()):
+        return _dispatch(arguments, parser)
+
+
+class _ToStderr(io.TextIOBase):
+    """``sys.stdout`` while a command runs: what plug-in code prints goes to stderr, and stdout carries the command's
+    text alone (a plug-in's print broke the JSON of ``check --format json``, a tester found). Closing it closes
+    nothing else."""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        if sys.stderr is not None:
+            sys.stderr.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        if sys.stderr is not None:
+            sys.stderr.flush()
+
+
+def _dispatch(arguments: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[str, int]:
+    """The parsed command's text for stdout and its exit status."""
     if getattr(arguments, "load", None):
         from splitformer.symbolic.plugins import PluginError, load_plugins
 

@@ -22,6 +22,7 @@ still hashes to the digest in their name: a file someone else named like a tempo
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import re
@@ -60,6 +61,8 @@ def _ancestor(path: Path) -> Path:
     """The nearest existing folder above ``path``; ``SplitformerError`` if a file is in the way."""
     for folder in path.parents:
         if folder.exists() or folder.is_symlink():
+            if folder.is_symlink() and not folder.exists():
+                raise SplitformerError(f"cannot write {_shown(path)}: {_shown(folder)} {_leads_nowhere(folder)}")
             if not folder.is_dir():
                 raise SplitformerError(f"cannot write {_shown(path)}: {_shown(folder)} exists and is not a folder")
             return folder
@@ -182,9 +185,23 @@ def as_folder(folder: object, what: str) -> Path:
     try:
         if path.exists() and not path.is_dir():
             raise SplitformerError(f"{what}: {_shown(path)} exists and is not a folder")
+        if path.is_symlink() and not path.exists():  # made, its target and parents would land wherever it points
+            raise SplitformerError(f"{what}: {_shown(path)} {_leads_nowhere(path)}")
     except OSError as error:
         raise SplitformerError(f"{what}: {_shown(path)}: {error.strerror or error}") from None
     return path
+
+
+def _leads_nowhere(link: Path) -> str:
+    """Why the symbolic link ``link`` leads to no file, in words: a loop, or a missing target."""
+    try:
+        link.resolve(strict=True)
+    except RuntimeError:  # Python 3.11 reports a loop so
+        return "is a loop of symbolic links"
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            return "is a loop of symbolic links"
+    return f"is a symbolic link to {_shown(Path(os.readlink(link)))}, which does not exist"
 
 
 def check_replaceable(path: Path, force: bool = False, hint: str = "pass --force to overwrite it") -> None:

@@ -152,7 +152,7 @@ def plugin_failures(scheme) -> Iterator[None]:
         yield
     except SplitformerError:
         raise
-    except Exception as error:  # noqa: BLE001 - a user's code: reported in one line
+    except (Exception, SystemExit) as error:  # noqa: BLE001 - a user's code (sys.exit too: it ended a run with status 0)
         kinds = sorted({kind for kind in scheme.operators.values()
                         if not getattr(OPERATOR_KINDS.get(kind), "__module__", "splitformer.").startswith("splitformer.")})
         if not kinds:

@@ -18,8 +18,9 @@ LaTeX commands derivations write), not re-derived. Values that reach code or a c
 derivation produces (structural equality, the same tree, as the closed forms below, hand-written here and
 proven by the conditions above and by a test against the fresh derivation): a value-equal
 form in other operations could cancel catastrophically in float (``((v + c)² − c²)/(v + 2c)``
-is exactly ``v``), so no other form is accepted. ``distance`` and ``gap`` reach only checks
-and reports: they may use only sums, products and numeric powers.
+is exactly ``v``), so no other form is accepted. ``distance`` and ``gap`` reach checks and
+reports: they too must be the derivation's canonical forms (value-equal within the numeric tolerance was
+accepted once: a tester's ``distance + 1/10^60`` changed the report's formula and failed Theorem 3.1's check).
 A verifier raises ``ValueError`` naming the condition that fails.
 """
 
@@ -32,7 +33,8 @@ import sympy as sp
 
 from .constraints import SYMBOLS
 
-__all__ = ["verify_layer_norm_projection", "verify_relu_projection", "canonical_layer_norm", "canonical_relu"]
+__all__ = ["verify_layer_norm_projection", "verify_relu_projection", "canonical_layer_norm", "canonical_distance",
+           "canonical_gap", "canonical_relu"]
 
 DIGITS = 50
 TOLERANCE = sp.Float("1e-30", DIGITS)
@@ -112,6 +114,20 @@ def canonical_layer_norm(ghost_variance: sp.Expr) -> sp.Expr:
     return s.sigma_1 + s.sigma_2 * (s.v - s.alpha) / sp.sqrt(s.beta + ghost_variance)
 
 
+def canonical_distance() -> sp.Expr:
+    """``N (α² − 2 α σ₁ − 2 √β σ₂ + β + σ₁² + σ₂²)``, ``‖u − v‖²`` of the minimizer: the form the derivation writes."""
+    s = SYMBOLS
+    return s.size * (s.alpha**2 - 2 * s.alpha * s.sigma_1 - 2 * sp.sqrt(s.beta) * s.sigma_2 + s.beta + s.sigma_1**2
+                     + s.sigma_2**2)
+
+
+def canonical_gap() -> sp.Expr:
+    """``4 √N σ₂ √(N β + γ²)``, the distance of the negative root less that of the positive one: the form the
+    derivation writes."""
+    s = SYMBOLS
+    return 4 * sp.sqrt(s.size) * s.sigma_2 * sp.sqrt(s.size * s.beta + s.ghost**2)
+
+
 def canonical_relu() -> sp.Expr:
     """``max(0, v)``: the form the derivation writes."""
     return sp.Max(0, SYMBOLS.v)
@@ -169,6 +185,8 @@ def verify_layer_norm_projection(projection) -> None:
         _printable(name, getattr(projection, name), tuple(kind for kind in _PRINTABLE if kind is not sp.Max))
     _canonical("formula", projection.formula, canonical_layer_norm(s.epsilon))
     _canonical("theorem", projection.theorem, canonical_layer_norm(sp.Integer(0)))
+    _canonical("distance", projection.distance, canonical_distance())
+    _canonical("gap", projection.gap, canonical_gap())
     points = _random_points()
     _on_sphere("formula", projection.formula, s.epsilon, points)
     _on_sphere("theorem", projection.theorem, sp.Integer(0), points)

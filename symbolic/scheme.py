@@ -74,7 +74,7 @@ def _checked(cls: type[Operator], key: str, options: dict, where: str) -> Operat
         constants, inputs = operator.constants, operator.input_fields
     except SplitformerError:
         raise
-    except Exception as error:  # a user's code: any failure is reported in one line  # noqa: BLE001
+    except (Exception, SystemExit) as error:  # a user's code: any failure (sys.exit too) is reported in one line  # noqa: BLE001
         raise SplitformerError(f"{where}: {type(error).__name__}: {error}") from None
     for method, result, item in (("parameters", parameters, Parameter), ("definitions", definitions, Definition)):
         wrong = [entry for entry in result if not isinstance(entry, item)] if isinstance(result, (tuple, list)) else [result]

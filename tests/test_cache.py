@@ -218,6 +218,13 @@ def test_verifiers_accept_the_derivations_and_reject_each_poison():
     with pytest.raises(ValueError, match="gap"):
         verify_layer_norm_projection(Projection(layer_norm.formula, layer_norm.steps, layer_norm.distance,
                                                 layer_norm.theorem, -layer_norm.gap))
+    for tiny in (sp.Rational(1, 10**60), sp.Rational(1, 10**60) * s.sigma_2):  # a tester: within the 1e-30 tolerance
+        for field in ("distance", "gap"):
+            fields = {"distance": layer_norm.distance, "gap": layer_norm.gap}
+            fields[field] += tiny
+            with pytest.raises(ValueError, match=f"{field} is not in the canonical form"):
+                verify_layer_norm_projection(Projection(layer_norm.formula, layer_norm.steps, fields["distance"],
+                                                        layer_norm.theorem, fields["gap"]))
     with pytest.raises(ValueError, match="distance uses Max"):  # value-equal, but no series expands it
         verify_layer_norm_projection(Projection(layer_norm.formula, layer_norm.steps,
                                                 sp.Max(layer_norm.distance, -1 - S.sigma_2**2),

@@ -65,10 +65,15 @@ def _plugin_and_scheme(tmp_path, kind, body):
     ("qa-init", "def __post_init__(self): raise KeyError('x')\n"
                 "def parameters(self): return ()\ndef definitions(self): return ()",
      "operator 'f' (qa-init): KeyError"),
+    # a tester (s43): sys.exit in a kind's method ended every command with status 0, nothing done or said
+    ("qa-exits", "def parameters(self):\n    import sys; sys.exit(0)\ndef definitions(self): return ()",
+     "operator 'f' (qa-exits): SystemExit: 0"),
 ])
-def test_a_faulty_users_kind_is_one_line(kind, body, message, tmp_path, capsys):
+@pytest.mark.parametrize("command", ["derive", "check"])
+def test_a_faulty_users_kind_is_one_line(kind, body, message, command, tmp_path, capsys):
     plugin, scheme = _plugin_and_scheme(tmp_path, kind, body)
-    assert main(["derive", "--load", str(plugin), str(scheme), "--out", str(tmp_path / "out")]) == 2
+    out = ["--out", str(tmp_path / "out")] if command == "derive" else []
+    assert main([command, "--load", str(plugin), str(scheme), *out]) == 2
     error = capsys.readouterr().err
     assert error.startswith("error: ") and error.count("\n") == 1 and message in error, error
     assert not (tmp_path / "out").exists()
@@ -308,3 +313,24 @@ def test_the_demo_passes_on_the_generated_folder(capsys):
     assert demo(["post-ln", "--out", str(Path(__file__).parent.parent / "generated")]) == 0
     shown = capsys.readouterr().out
     assert "all checks hold" in shown and shown.count(" ok\n") == 8, shown
+
+
+def test_what_a_plugin_prints_goes_to_stderr_leaving_the_json_whole(tmp_path, capsys):
+    """A tester (s43): a kind whose ``definitions()`` printed broke ``check --format json``'s output; what plug-in code
+    prints, at load and while the command runs, goes to stderr, and stdout is the command's text alone."""
+    import json
+
+    plugin = tmp_path / "noisy.py"
+    plugin.write_text("from dataclasses import dataclass\nfrom typing import ClassVar\n"
+                      "from splitformer.symbolic.operators import FeedForward, register_operator\n"
+                      "print('NOISE at load')\n\n@register_operator\n@dataclass(frozen=True)\n"
+                      "class Noisy(FeedForward):\n    kind: ClassVar[str] = 'qa-noisy'\n\n"
+                      "    def definitions(self):\n        print('NOISE from definitions')\n"
+                      "        return super().definitions()\n")
+    scheme = tmp_path / "noisy.toml"
+    scheme.write_text('name = "noisy"\nsummary = "s"\n[operators]\nf = "qa-noisy"\n[[steps]]\noperator = "f"\n'
+                      'solver = "explicit"\n')
+    status = main(["check", "--load", str(plugin), str(scheme), "--only", "semantics", "--format", "json"])
+    captured = capsys.readouterr()
+    assert status in (0, 1) and json.loads(captured.out)["checks"], captured.err
+    assert "NOISE at load" in captured.err and "NOISE" not in captured.out

@@ -110,7 +110,7 @@ def test_check_runs_a_transfer_that_meets_the_field_at_stride_three(tmp_path, ca
 def test_the_finite_difference_check_never_compares_zero_with_zero(tmp_path, capsys):
     """A tester's network file (s43): at the point its name seeds, ReLUs cut every path, so the derivative and its
     difference quotient were both 0; the check said "ok" (gap 0), its negative control failed (gap 0), and the same
-    file under another name passed. Such a point is passed over for the next (``informative_gap``)."""
+    file under another name passed. Such a point is passed over for the next (``finite_difference_gaps``)."""
     import json
 
     path = tmp_path / "fz-bdtdh.toml"
@@ -128,18 +128,23 @@ def test_the_finite_difference_check_never_compares_zero_with_zero(tmp_path, cap
     assert 0 < gap < 1e-20
 
 
-
-def test_informative_gap_passes_over_points_that_compare_nothing(monkeypatch):
-    """``informative_gap`` tries the next seed where a point compares 0 with 0, and gives None where all do."""
+def test_the_finite_difference_gaps_pass_over_points_that_compare_nothing(monkeypatch):
+    """``finite_difference_gaps`` tries the next seed where a comparison at a point is 0 against 0 (any of them: a
+    block's adjoint and its sign-flipped control are compared at one point), and gives ``vacuous`` where every point
+    tried is."""
     from splitformer.codegen.verification.statements import adjoint
 
     seeds = []
 
-    def gaps(adjoints, seed, sizes, positive, vacuous):
+    def gaps_at(adjoints, seed, sizes, positive):
         seeds.append(seed)
-        return [vacuous if len(seeds) < 3 else 1e-30]
+        return [1e-30, None if len(seeds) < 3 else 2.0][-len(adjoints):]  # one adjoint: the second entry
 
-    monkeypatch.setattr(adjoint, "finite_difference_gaps", gaps)
-    assert adjoint.informative_gap(None, "net/R = 1") == 1e-30 and seeds == ["net/R = 1", "net/R = 1#1", "net/R = 1#2"]
+    monkeypatch.setattr(adjoint, "_gaps_at", gaps_at)
+    assert adjoint.finite_difference_gaps([None, None], "net/R = 1") == [1e-30, 2.0]
+    assert seeds == ["net/R = 1", "net/R = 1#1", "net/R = 1#2"]
     seeds.clear()
-    assert adjoint.informative_gap(None, "net/R = 1", tries=2) is None and len(seeds) == 2
+    monkeypatch.setattr(adjoint, "_TRIES", 2)
+    assert adjoint.finite_difference_gap(None, "net/R = 1", vacuous=None) is None and len(seeds) == 2
+    seeds.clear()
+    assert [float(gap) for gap in adjoint.finite_difference_gaps([None, None], "net/R = 1")] == [1e-30, 0.0]  # as before

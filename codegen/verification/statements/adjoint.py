@@ -41,8 +41,8 @@ from ..guard import DIVIDES_BY_ZERO
 from . import SKIPPED, Check
 from .recovery import vanishes
 
-__all__ = ["adjoint_checks", "general_adjoint_checks", "finite_difference_gap", "finite_difference_gaps", "informative_gap",
-           "flip_sign", "TOLERANCE", "MAX_WORK", "forward_work"]
+__all__ = ["adjoint_checks", "general_adjoint_checks", "finite_difference_gap", "finite_difference_gaps", "flip_sign",
+           "TOLERANCE", "MAX_WORK", "forward_work"]
 
 _DIGITS = 50
 _STEP = sp.Float("1e-20", _DIGITS)
@@ -101,33 +101,36 @@ def _sizes_text(program: Program) -> str:
 
 
 def finite_difference_gap(adjoint: Adjoint, seed: str = "adjoint", sizes: dict | None = None,
-                          positive: frozenset[str] = frozenset()) -> sp.Float:
-    """``|FD − ⟨gradient, δ⟩| / max(|FD|, |⟨gradient, δ⟩|)`` (0 where both are 0) for a random point, direction and
-    costate.
+                          positive: frozenset[str] = frozenset(), vacuous: sp.Float | None = sp.Float(0)) -> sp.Float | None:
+    """``|FD − ⟨gradient, δ⟩| / max(|FD|, |⟨gradient, δ⟩|)`` for a random point, direction and costate
+    (``finite_difference_gaps``; ``vacuous`` where both are 0 at every point tried).
 
     ``sizes`` adds to (or overrides) the tiny default sizes; the arrays named in ``positive``
     (a variance) take values in (1, 3) instead of (−1, 1).
     """
-    return finite_difference_gaps([adjoint], seed, sizes, positive)[0]
+    return finite_difference_gaps([adjoint], seed, sizes, positive, vacuous)[0]
 
 
-def informative_gap(adjoint: Adjoint, seed: str, sizes: dict | None = None,
-                    positive: frozenset[str] = frozenset(), tries: int = 5) -> sp.Float | None:
-    """``finite_difference_gap`` at the first of ``tries`` random points (seeds ``seed``, ``seed#1``, …) where the
-    derivative or its difference quotient is not 0; None where both are 0 at every one. At a point where ReLUs cut
-    every path (a grid step's), 0 against 0 compares nothing: it would pass any adjoint, and fail the negative
-    control that flips a sign (a tester's network file passed or failed by its name, which seeds the point)."""
-    for attempt in range(tries):
-        gap = finite_difference_gaps([adjoint], seed + (f"#{attempt}" if attempt else ""), sizes, positive, None)[0]
-        if gap is not None:
-            return gap
-    return None
+#: The random points ``finite_difference_gaps`` tries where a comparison is 0 against 0.
+_TRIES = 5
 
 
 def finite_difference_gaps(adjoints: list[Adjoint], seed: str = "adjoint", sizes: dict | None = None,
                            positive: frozenset[str] = frozenset(), vacuous: sp.Float | None = sp.Float(0)) -> list:
-    """``finite_difference_gap`` of adjoints of one forward program (its central difference computed once);
-    ``vacuous`` where the derivative and the difference quotient are both 0."""
+    """``finite_difference_gap`` of adjoints of one forward program (its central difference computed once a point) at
+    the first of ``_TRIES`` random points (seeds ``seed``, ``seed#1``, …) where no comparison is 0 against 0; at a
+    point where ReLUs cut every path (a grid step's) such a comparison proves nothing: it passed any adjoint and
+    failed the negative control (a tester's network file passed or failed by its name, which seeds the point).
+    ``vacuous`` for a comparison that is 0 against 0 at every point."""
+    for attempt in range(_TRIES):
+        gaps = _gaps_at(adjoints, seed + (f"#{attempt}" if attempt else ""), sizes, positive)
+        if None not in gaps:
+            return gaps
+    return [vacuous if gap is None else gap for gap in gaps]
+
+
+def _gaps_at(adjoints: list[Adjoint], seed: str, sizes: dict | None, positive: frozenset[str]) -> list:
+    """The gaps of ``finite_difference_gaps`` at the point ``seed`` draws; None where both sides are 0."""
     program = adjoints[0].forward
     sizes = {**_sizes(program), **(sizes or {})}
     point, direction, costate = _random(seed + "/point"), _random(seed + "/direction"), _random(seed + "/costate")
@@ -170,7 +173,7 @@ def finite_difference_gaps(adjoints: list[Adjoint], seed: str = "adjoint", sizes
                       for name, gradient in adjoint.gradients.items()
                       for index, value in values[gradient].items() if inside(name, index))
         scale = max(abs(sp.N(derived, _DIGITS)), abs(sp.N(numeric, _DIGITS)))  # 0 only where both are
-        return abs(sp.N(numeric - derived, _DIGITS)) / scale if scale else vacuous
+        return abs(sp.N(numeric - derived, _DIGITS)) / scale if scale else None
 
     return [gap(adjoint) for adjoint in adjoints]
 

@@ -189,6 +189,14 @@ class Semantics:
             self._operators = self.scheme.instantiate()
         return self._operators[key]
 
+    def parameter_names(self, key: str) -> frozenset[str]:
+        """The names of operator ``key``'s learned parameters (``bias=False`` drops the biases), read once."""
+        if not hasattr(self, "_parameter_names"):
+            self._parameter_names = {}
+        if key not in self._parameter_names:
+            self._parameter_names[key] = frozenset(parameter.name for parameter in self.operator(key).parameters())
+        return self._parameter_names[key]
+
     def sequence(self, sequence, u):
         for node in sequence.steps:
             u = self.node(node, u)
@@ -280,8 +288,7 @@ class Semantics:
 def _linear(sem: Semantics, key: str, values: np.ndarray, weight: str, bias: str) -> np.ndarray:
     """``∫ W(ξ, ·) v(ξ) dξ + b`` (unit feature spacing, absorbed by W); the bias only where the operator has one."""
     result = values @ sem.parameter(key, weight)
-    names = {parameter.name for parameter in sem.operator(key).parameters()}
-    return result + sem.parameter(key, bias) if bias in names else result
+    return result + sem.parameter(key, bias) if bias in sem.parameter_names(key) else result
 
 
 def _gru_gate(sem: Semantics, key: str, u: np.ndarray, v: np.ndarray) -> np.ndarray:
@@ -306,14 +313,12 @@ def _softmax_mix(sem: Semantics, q: np.ndarray, k: np.ndarray, v: np.ndarray, su
     width, de = q.shape[1], sem.number(1)
     scores = (q @ k.T) * de / sem.arithmetic.sqrt(width * de)
     weights = sem.arithmetic.exp(scores) * support
-    mixed = np.empty((q.shape[0], v.shape[1]), dtype=q.dtype)
-    for i in range(q.shape[0]):
-        # the integral over an empty support is 0 and so is γ
-        normalizer = spacing * sum(weights[i, j] for j in range(k.shape[0]))
-        if _is_zero(normalizer):
-            mixed[i] = np.array([sem.number(0)] * v.shape[1], dtype=mixed.dtype)
-            continue
-        mixed[i] = (spacing * (weights[i] / normalizer)) @ v  # Σ_j Δx̃ γ_j v_j
+    normalizers = spacing * weights.sum(axis=1)  # ∫ χ e^a dη, row by row
+    # the integral over an empty support is 0 and so is γ
+    empty = np.array([_is_zero(normalizer) for normalizer in normalizers], dtype=bool)
+    normalizers[empty] = sem.number(1)
+    mixed = (spacing * (weights / normalizers[:, None])) @ v  # Σ_j Δx̃ γ_j v_j
+    mixed[empty] = sem.number(0)
     return mixed
 
 
@@ -398,12 +403,9 @@ def _is_zero(value) -> bool:
 def _layer_norm(sem: Semantics, key: str, u: np.ndarray) -> np.ndarray:
     """Theorem 3.1 with σ₁ = 0, σ₂ = 1 and ε as a ghost coordinate, then gain and bias (if it has one)."""
     d = sem.sizes.features
-    rows = []
-    for i in range(u.shape[0]):
-        mean = sum(u[i]) / d
-        variance = sum((value - mean) ** 2 for value in u[i]) / d  # population variance
-        rows.append((u[i] - mean) / sem.arithmetic.sqrt(variance + sem.epsilon(key)))
-    scaled = np.array(rows) * sem.parameter(key, "gain")
+    centered = u - (u.sum(axis=1) / d)[:, None]
+    variance = (centered**2).sum(axis=1) / d  # population variance
+    scaled = centered / sem.arithmetic.sqrt(variance + sem.epsilon(key))[:, None] * sem.parameter(key, "gain")
     return scaled + sem.parameter(key, "bias") if sem.operator(key).bias else scaled
 
 
@@ -469,9 +471,8 @@ def _gated_feed_forward(sem: Semantics, key: str, u: np.ndarray) -> np.ndarray:
 def _rms_norm(sem: Semantics, key: str, u: np.ndarray) -> np.ndarray:
     """The projection onto the sphere ``mean_y u² = 1`` (ε as a ghost coordinate), then the gain."""
     d = sem.sizes.features
-    rows = [u[i] / sem.arithmetic.sqrt(sum(value * value for value in u[i]) / d + sem.epsilon(key))
-            for i in range(u.shape[0])]
-    return np.array(rows) * sem.parameter(key, "gain")
+    scales = sem.arithmetic.sqrt((u * u).sum(axis=1) / d + sem.epsilon(key))
+    return u / scales[:, None] * sem.parameter(key, "gain")
 
 
 def _affine(sem: Semantics, key: str, u: np.ndarray) -> np.ndarray:

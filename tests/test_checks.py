@@ -148,8 +148,9 @@ def test_json_has_the_fixed_shape(capsys):
     document = json.loads(capsys.readouterr().out)
     assert code == 0 and set(document) == {"checks", "orders"}
     for check in document["checks"]:
-        assert set(check) == {"id", "scheme", "statement", "method", "holds", "detail"}
+        assert set(check) == {"id", "scheme", "statement", "method", "holds", "detail", "status"}
         assert check["method"] in ("symbolic", "numeric") and isinstance(check["holds"], bool)
+        assert check["status"] == ("ok" if check["holds"] else "fail")
     orders = document["orders"]["pre-ln"]
     assert set(document["orders"]) == {"pre-ln"} and (orders["order"], orders["splitting_order"]) == (1, 1)
     assert {"leading_error", "exact_subflows_error", "tied_splitting_order", "generators", "projections"} <= set(orders)

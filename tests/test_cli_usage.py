@@ -11,7 +11,7 @@ from splitformer.codegen.cli import main
 from splitformer.codegen.passes import PASSES
 from splitformer.symbolic.activations import ACTIVATIONS
 from splitformer.symbolic.builtins import builtin_names
-from splitformer.codegen.verification.statements import Check
+from splitformer.codegen.verification.statements import SKIPPED, Check
 
 from latex_sanity import assert_renderable_align
 
@@ -105,6 +105,19 @@ def test_check_shows_progress_only_on_a_terminal(terminal, monkeypatch, capsys):
         assert lines[0].startswith("[") and " s] " in lines[0]
     else:
         assert lines == []
+
+
+def test_json_says_which_checks_were_skipped(monkeypatch, capsys):
+    """A skipped check counts as holding (``holds``: true); ``status`` tells it from one that held."""
+    report = fake_report()
+    report.add(Check("c/third", None, "third claim", SKIPPED, True, "not run here"))
+    monkeypatch.setattr("splitformer.symbolic.network_spec.load_scheme_or_network", lambda name: name)
+    monkeypatch.setattr("splitformer.codegen.verification.runner.run_checks",
+                        lambda schemes, plots, progress=None, networks=(), only=None: report)
+    assert main(["check", "x", "--format", "json"]) == 1
+    checks = json.loads(capsys.readouterr().out)["checks"]
+    assert [(check["holds"], check["status"]) for check in checks] == [(True, "ok"), (False, "fail"), (True, "skip")]
+    assert [check.label for check in report.checks] == ["ok  ", "FAIL", "skip"]
 
 
 def test_progress_sees_every_check_as_it_is_added():

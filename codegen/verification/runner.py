@@ -85,8 +85,7 @@ class CheckReport:
     def as_text(self) -> str:
         lines = []
         for check in self.checks:
-            status = "skip" if check.method == SKIPPED else "ok  " if check.holds else "FAIL"
-            lines.append(f"{status}  {check.id}  [{check.method}]")
+            lines.append(f"{check.label}  {check.id}  [{check.method}]")
             lines.extend(textwrap.wrap(check.statement, 96, initial_indent="      ", subsequent_indent="      "))
             lines.extend(textwrap.wrap("→ " + check.detail, 96, initial_indent="      ", subsequent_indent="        "))
         if self.orders:
@@ -105,7 +104,7 @@ class CheckReport:
                                                    subsequent_indent="  "))
             lines.extend(textwrap.wrap("Orders: " + PROJECTIONS + ".", 96))
         failed = sum(not check.holds for check in self.checks)
-        skipped = sum(check.method == SKIPPED for check in self.checks)
+        skipped = sum(check.status == "skip" for check in self.checks)
         lines.append("")
         lines.append(f"{len(self.checks) - failed - skipped} passed, {failed} failed"
                      + (f", {skipped} skipped" if skipped else ""))
@@ -114,8 +113,7 @@ class CheckReport:
     def as_markdown(self) -> str:
         lines = ["| | check | method | statement | detail |", "| --- | --- | --- | --- | --- |"]
         for check in self.checks:
-            mark = "⏭" if check.method == SKIPPED else "✅" if check.holds else "❌"
-            cells = [mark, f"`{check.id}`", check.method, check.statement, check.detail]
+            cells = [check.mark, f"`{check.id}`", check.method, check.statement, check.detail]
             lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
         if self.orders:
             lines += ["", "| scheme | order | splitting order | leading local error |", "| --- | --- | --- | --- |"]

@@ -27,9 +27,24 @@ class Check:
     holds: bool
     detail: str
 
+    @property
+    def status(self) -> str:
+        """``skip`` (not run; it counts as holding), ``ok`` or ``fail``."""
+        return "skip" if self.method == SKIPPED else "ok" if self.holds else "fail"
+
+    @property
+    def label(self) -> str:
+        """The status as the text report and ``check``'s progress lines show it, four columns wide."""
+        return f"{'FAIL' if self.status == 'fail' else self.status:4}"
+
+    @property
+    def mark(self) -> str:
+        """The status as Markdown reports and notebooks show it."""
+        return {"skip": "⏭", "ok": "✅", "fail": "❌"}[self.status]
+
     def as_dict(self) -> dict:
-        return asdict(self)
+        """The fields and ``status``: a reader of ``holds`` alone cannot tell a skipped check from one that held."""
+        return {**asdict(self), "status": self.status}
 
     def _repr_markdown_(self) -> str:
-        mark = "⏭" if self.method == SKIPPED else "✅" if self.holds else "❌"
-        return inert(f"{mark} `{self.id}` ({self.method}): {self.statement}\n\n→ {self.detail}", f"check {self.id!r}")
+        return inert(f"{self.mark} `{self.id}` ({self.method}): {self.statement}\n\n→ {self.detail}", f"check {self.id!r}")

@@ -80,3 +80,30 @@ def test_the_derived_backward_refuses_torch_func_by_name(name):
             transform()
     with torch.no_grad():
         assert torch.func.vmap(derived)(u[:, None]).shape[:2] == (2, 1)
+
+
+@pytest.mark.parametrize("name", ["pre_ln", "resnet_block"])
+def test_the_derived_backward_refuses_trace_and_export_by_name(name):
+    """A tester's finding: ``torch.jit.trace`` of a derived module failed its sanity check ("Graphs differed across
+    invocations") and an exported one's backward ran into "modified by an inplace operation", neither naming the
+    option. Refused by name, as a scripted module is; controls: both record without autograd, and
+    ``torch.compile`` of the derived module still differentiates (the autograd module's gradient)."""
+    module = import_path(GENERATED / "torch" / f"{name}.py")
+    torch.manual_seed(3)
+    build = (lambda backward: module.Block(16, 4, 32, backward=backward)) if name == "pre_ln" else \
+        (lambda backward: module.Model(4, 4, backward=backward).eval())
+    u = torch.randn((2, 5, 16) if name == "pre_ln" else (2, 4, 6, 6))
+    derived, autograd = build("derived"), build("autograd")
+    autograd.load_state_dict(derived.state_dict())
+    for record in (lambda: torch.jit.trace(derived, (u,)), lambda: torch.export.export(derived, (u,)),
+                   lambda: torch.export.export(derived, (u,), strict=False)):
+        with pytest.raises(ValueError, match=r"^backward='derived' runs in Python .* torch.jit.trace and torch.export"):
+            record()
+    with torch.no_grad():
+        expected = derived(u)
+        assert torch.allclose(torch.jit.trace(derived, (u,))(u), expected, atol=1e-6)
+        assert torch.allclose(torch.export.export(derived, (u,)).module()(u), expected, atol=1e-6)
+    x, y = u.clone().requires_grad_(), u.clone().requires_grad_()
+    torch.compile(derived, backend="aot_eager")(x).pow(2).sum().backward()
+    autograd(y).pow(2).sum().backward()
+    assert torch.allclose(x.grad, y.grad, atol=1e-5)

@@ -229,7 +229,13 @@ def _derived_runs_here() -> None:
     """Refuse ``backward="derived"`` where its ``autograd.Function`` cannot run: under autocast (a ValueError: its
     adjoint reads the kept arrays in the parameters' dtype, where autocast computed them in others) and inside
     ``torch.func`` transforms (a RuntimeError: the Function sets up its context in ``forward``, which they cannot
-    wrap; torch's own message names neither the option nor the way out)."""
+    wrap; torch's own message names neither the option nor the way out), and while ``torch.jit.trace`` or
+    ``torch.export`` records it (a ValueError, as a scripted module's: a trace failed its sanity check, an exported
+    program's backward ran into an in-place edit)."""
+    if torch.jit.is_tracing() or torch.compiler.is_exporting():
+        raise ValueError("backward='derived' runs in Python (a torch.autograd.Function), which torch.jit.trace and "
+                         "torch.export cannot record: trace or export a module built with backward='autograd' (the "
+                         "same forward), or record it without autograd")
     if _autocast():
         raise ValueError("backward='derived' has no adjoint of autocast's mixed dtypes: use backward='autograd' "
                          "under torch.autocast")

@@ -627,3 +627,11 @@ def _first_order_only():
         raise RuntimeError("backward='derived' computes first-order gradients only; use backward='autograd' "
                            "for create_graph=True (gradient penalties; second derivatives through attention need a "
                            "device whose attention kernel has one: torch's CPU flash attention has none)")
+
+
+def _mask_on(name: str, mask, device: torch.device) -> torch.Tensor:
+    """``mask`` as a tensor on ``device``; a ValueError naming it where it is on the meta device and ``device`` is not
+    (a meta tensor holds no values to read: torch's own error names no argument)."""
+    if isinstance(mask, torch.Tensor) and mask.device.type == "meta" and device.type != "meta":
+        raise ValueError(f"{name} is on the meta device (it holds no values), u on {device.type}")
+    return torch.as_tensor(mask, device=device)

@@ -29,9 +29,11 @@ def _memory_support(memory_key_padding_mask: torch.Tensor | None, batch: int, n_
     """The indicator χ_m[b, i, t] of the integral over memory tokens, or None when it is 1 everywhere."""
     if memory_key_padding_mask is None:
         return None
-    mask = torch.as_tensor(memory_key_padding_mask, device=device)
+    mask = _mask_on("memory_key_padding_mask", memory_key_padding_mask, device)
+    mask = mask[None] if batch == 1 and mask.dim() == 1 else mask  # one sequence's (memory tokens,)
     if mask.dtype != torch.bool or list(mask.shape) != [batch, n_memory]:
-        raise ValueError(f"memory_key_padding_mask must be bool of shape {[batch, n_memory]}, got "
+        raise ValueError(f"memory_key_padding_mask must be bool of shape {[batch, n_memory]}"
+                         f"{' or [' + str(n_memory) + '] for one sequence' if batch == 1 else ''}, got "
                          f"{mask.dtype} {list(mask.shape)}")
     return (~mask[:, None, :]).expand(batch, n_tokens, n_memory)
 
@@ -276,7 +278,7 @@ def _stacked_memory(caches: list[dict[str, torch.Tensor]] | None, memory: torch.
     if caches is None or len(caches) < 2:
         return
     mask = torch.zeros(0, dtype=torch.bool, device=memory.device) if memory_key_padding_mask is None else \
-        torch.as_tensor(memory_key_padding_mask, device=memory.device)
+        _mask_on("memory_key_padding_mask", memory_key_padding_mask, memory.device)
     first = caches[0]
     if "memory" in first and "memory_key_padding_mask" in first:
         if not (_same_tensor(first["memory"], memory) and _same_tensor(first["memory_key_padding_mask"], mask)):
@@ -361,7 +363,7 @@ def _with_memory_mask(chi_m: torch.Tensor | None, memory_mask: torch.Tensor | No
     float mask is added to the scores (χ_m then the log-weight, −inf outside)."""
     if memory_mask is None:
         return chi_m
-    mask = torch.as_tensor(memory_mask, device=device)
+    mask = _mask_on("memory_mask", memory_mask, device)
     _check_mask("memory_mask", mask, [[n_tokens, n_memory], [batch, n_tokens, n_memory]])
     support = torch.ones(batch, n_tokens, n_memory, dtype=torch.bool, device=device) if chi_m is None else chi_m
     if mask.is_floating_point():

@@ -151,3 +151,39 @@ def test_bad_decoder_keywords_are_named(keywords, message, rng):
     with pytest.raises((ValueError, TypeError), match=message):
         block(torch.tensor(u), torch.tensor(memory), **keywords)
 
+
+
+def test_masks_on_the_meta_device_are_refused_by_name():
+    """A tester's finding: a mask on the meta device ended in torch's "Cannot copy out of meta tensor", naming no
+    argument. Each is refused by its name; control: the same masks on the CPU run."""
+    _, torch_module = _modules(False)
+    block = torch_module.Block(D, HEADS, D_FF, dtype=torch.float64)
+    u, memory = torch.randn(2, N, D, dtype=torch.float64), torch.randn(2, M, D, dtype=torch.float64)
+    masks = {"tgt_mask": (N, N), "memory_mask": (N, M), "tgt_key_padding_mask": (2, N),
+             "memory_key_padding_mask": (2, M)}
+    with torch.no_grad():
+        for name, shape in masks.items():
+            with pytest.raises(ValueError, match=rf"^{name} is on the meta device \(it holds no values\), u on cpu$"):
+                block(u, memory, causal=False, **{name: torch.zeros(shape, dtype=torch.bool, device="meta")})
+            assert block(u, memory, causal=False, **{name: torch.zeros(shape, dtype=torch.bool)}).shape == u.shape
+
+
+def test_one_sequences_memory_padding_may_be_one_dimensional(rng):
+    """A tester's finding: an unbatched memory's padding of shape (memory tokens,), which torch's layer takes, was
+    refused while the target's (tokens,) was taken. Both backends take it; control: a (2, memory tokens) mask for one
+    sequence is still refused."""
+    numpy_module, torch_module = _modules(False)
+    layer = random_decoder_layer(D, HEADS, D_FF, 1e-5, False, seed=5)
+    u, memory = rng.standard_normal((N, D)), rng.standard_normal((M, D))
+    padding = np.array([False, True, False, False, True])
+    with torch.no_grad():
+        expected = layer(torch.tensor(u), torch.tensor(memory), memory_key_padding_mask=torch.tensor(padding)).numpy()
+    block = torch_module.Block(D, HEADS, D_FF, dtype=torch.float64).load_params(decoder_layer_params(layer))
+    with torch.no_grad():
+        got = block(torch.tensor(u), torch.tensor(memory), causal=False, memory_key_padding_mask=torch.tensor(padding))
+    assert np.abs(got.numpy() - expected).max() <= 1e-10
+    got = numpy_module.forward(u, memory, decoder_layer_params(layer), n_heads=HEADS, causal=False,
+                               memory_key_padding_mask=padding)
+    assert np.abs(got - expected).max() <= 1e-10
+    with pytest.raises(ValueError, match=r"memory_key_padding_mask must be bool of shape \(1, 5\) or \(5,\) for one"):
+        numpy_module.forward(u, memory, decoder_layer_params(layer), n_heads=HEADS, memory_key_padding_mask=padding[None].repeat(2, 0))

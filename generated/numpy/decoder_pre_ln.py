@@ -436,9 +436,10 @@ def _memory_support(memory_key_padding_mask, batch, n_tokens, n_memory):
     if memory_key_padding_mask is None:
         return None
     mask = np.asarray(memory_key_padding_mask)
+    mask = mask[None] if batch == 1 and mask.ndim == 1 else mask  # one sequence's (memory tokens,)
     if mask.dtype != np.bool_ or mask.shape != (batch, n_memory):
-        raise ValueError(f"memory_key_padding_mask must be bool of shape {(batch, n_memory)}, got "
-                         f"{mask.dtype} {mask.shape}")
+        raise ValueError(f"memory_key_padding_mask must be bool of shape {(batch, n_memory)}"
+                         f"{f' or ({n_memory},) for one sequence' if batch == 1 else ''}, got {mask.dtype} {mask.shape}")
     return np.broadcast_to(~mask[:, None, :], (batch, n_tokens, n_memory))
 
 

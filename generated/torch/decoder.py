@@ -584,6 +584,14 @@ def _first_order_only():
                            "device whose attention kernel has one: torch's CPU flash attention has none)")
 
 
+def _mask_on(name: str, mask, device: torch.device) -> torch.Tensor:
+    """``mask`` as a tensor on ``device``; a ValueError naming it where it is on the meta device and ``device`` is not
+    (a meta tensor holds no values to read: torch's own error names no argument)."""
+    if isinstance(mask, torch.Tensor) and mask.device.type == "meta" and device.type != "meta":
+        raise ValueError(f"{name} is on the meta device (it holds no values), u on {device.type}")
+    return torch.as_tensor(mask, device=device)
+
+
 def _unexpected(params, table):
     """A ValueError naming every name of ``params`` that ``table`` lacks."""
     unknown = sorted(set(params) - set(table), key=str)
@@ -1109,10 +1117,10 @@ class _DerivedStep(torch.autograd.Function):
         return (grad_u, grad_mem, None, None, None, None, *(grads[name] for name in PARAMETERS))
 
 
-def _one_sequence(key_padding_mask, batch: int, device: torch.device) -> torch.Tensor:
-    """The padding mask as a tensor on ``device``, one sequence's (keys,) mask as (1, keys), as torch's layers take
-    it."""
-    mask = torch.as_tensor(key_padding_mask, device=device)
+def _one_sequence(key_padding_mask, batch: int, device: torch.device, name: str = "key_padding_mask") -> torch.Tensor:
+    """The padding mask ``name`` as a tensor on ``device``, one sequence's (keys,) mask as (1, keys), as torch's layers
+    take it."""
+    mask = _mask_on(name, key_padding_mask, device)
     return mask[None] if batch == 1 and mask.dim() == 1 else mask
 
 
@@ -1140,11 +1148,11 @@ def _support(key_padding_mask: torch.Tensor | None, attn_mask: torch.Tensor | No
         return support
     floating = False
     if key_padding_mask is not None:
-        key_padding_mask = _one_sequence(key_padding_mask, batch, device)
+        key_padding_mask = _one_sequence(key_padding_mask, batch, device, padding_name)
         _check_mask(padding_name, key_padding_mask, [[batch, n_keys]])
         floating = key_padding_mask.is_floating_point()
     if attn_mask is not None:
-        attn_mask = torch.as_tensor(attn_mask, device=device)
+        attn_mask = _mask_on(mask_name, attn_mask, device)
         _check_mask(mask_name, attn_mask, [[n_tokens, n_keys], [batch, n_tokens, n_keys]])
         floating = floating or attn_mask.is_floating_point()
     if floating:
@@ -1178,9 +1186,11 @@ def _memory_support(memory_key_padding_mask: torch.Tensor | None, batch: int, n_
     """The indicator χ_m[b, i, t] of the integral over memory tokens, or None when it is 1 everywhere."""
     if memory_key_padding_mask is None:
         return None
-    mask = torch.as_tensor(memory_key_padding_mask, device=device)
+    mask = _mask_on("memory_key_padding_mask", memory_key_padding_mask, device)
+    mask = mask[None] if batch == 1 and mask.dim() == 1 else mask  # one sequence's (memory tokens,)
     if mask.dtype != torch.bool or list(mask.shape) != [batch, n_memory]:
-        raise ValueError(f"memory_key_padding_mask must be bool of shape {[batch, n_memory]}, got "
+        raise ValueError(f"memory_key_padding_mask must be bool of shape {[batch, n_memory]}"
+                         f"{' or [' + str(n_memory) + '] for one sequence' if batch == 1 else ''}, got "
                          f"{mask.dtype} {list(mask.shape)}")
     return (~mask[:, None, :]).expand(batch, n_tokens, n_memory)
 
@@ -1375,7 +1385,7 @@ def _stacked_memory(caches: list[dict[str, torch.Tensor]] | None, memory: torch.
     if caches is None or len(caches) < 2:
         return
     mask = torch.zeros(0, dtype=torch.bool, device=memory.device) if memory_key_padding_mask is None else \
-        torch.as_tensor(memory_key_padding_mask, device=memory.device)
+        _mask_on("memory_key_padding_mask", memory_key_padding_mask, memory.device)
     first = caches[0]
     if "memory" in first and "memory_key_padding_mask" in first:
         if not (_same_tensor(first["memory"], memory) and _same_tensor(first["memory_key_padding_mask"], mask)):
@@ -1438,7 +1448,7 @@ def _with_memory_mask(chi_m: torch.Tensor | None, memory_mask: torch.Tensor | No
     float mask is added to the scores (χ_m then the log-weight, −inf outside)."""
     if memory_mask is None:
         return chi_m
-    mask = torch.as_tensor(memory_mask, device=device)
+    mask = _mask_on("memory_mask", memory_mask, device)
     _check_mask("memory_mask", mask, [[n_tokens, n_memory], [batch, n_tokens, n_memory]])
     support = torch.ones(batch, n_tokens, n_memory, dtype=torch.bool, device=device) if chi_m is None else chi_m
     if mask.is_floating_point():

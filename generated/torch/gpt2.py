@@ -552,6 +552,14 @@ def _first_order_only():
                            "device whose attention kernel has one: torch's CPU flash attention has none)")
 
 
+def _mask_on(name: str, mask, device: torch.device) -> torch.Tensor:
+    """``mask`` as a tensor on ``device``; a ValueError naming it where it is on the meta device and ``device`` is not
+    (a meta tensor holds no values to read: torch's own error names no argument)."""
+    if isinstance(mask, torch.Tensor) and mask.device.type == "meta" and device.type != "meta":
+        raise ValueError(f"{name} is on the meta device (it holds no values), u on {device.type}")
+    return torch.as_tensor(mask, device=device)
+
+
 def _unexpected(params, table):
     """A ValueError naming every name of ``params`` that ``table`` lacks."""
     unknown = sorted(set(params) - set(table), key=str)
@@ -941,10 +949,10 @@ class _DerivedStep(torch.autograd.Function):
         return (grad_u, None, None, None, None, *(grads[name] for name in PARAMETERS))
 
 
-def _one_sequence(key_padding_mask, batch: int, device: torch.device) -> torch.Tensor:
-    """The padding mask as a tensor on ``device``, one sequence's (keys,) mask as (1, keys), as torch's layers take
-    it."""
-    mask = torch.as_tensor(key_padding_mask, device=device)
+def _one_sequence(key_padding_mask, batch: int, device: torch.device, name: str = "key_padding_mask") -> torch.Tensor:
+    """The padding mask ``name`` as a tensor on ``device``, one sequence's (keys,) mask as (1, keys), as torch's layers
+    take it."""
+    mask = _mask_on(name, key_padding_mask, device)
     return mask[None] if batch == 1 and mask.dim() == 1 else mask
 
 
@@ -972,11 +980,11 @@ def _support(key_padding_mask: torch.Tensor | None, attn_mask: torch.Tensor | No
         return support
     floating = False
     if key_padding_mask is not None:
-        key_padding_mask = _one_sequence(key_padding_mask, batch, device)
+        key_padding_mask = _one_sequence(key_padding_mask, batch, device, padding_name)
         _check_mask(padding_name, key_padding_mask, [[batch, n_keys]])
         floating = key_padding_mask.is_floating_point()
     if attn_mask is not None:
-        attn_mask = torch.as_tensor(attn_mask, device=device)
+        attn_mask = _mask_on(mask_name, attn_mask, device)
         _check_mask(mask_name, attn_mask, [[n_tokens, n_keys], [batch, n_tokens, n_keys]])
         floating = floating or attn_mask.is_floating_point()
     if floating:

@@ -262,3 +262,21 @@ def test_grouped_heads_fuse_kernels_of_unequal_widths_and_follow_their_edits():
         after = block(u)
     assert (after - before).abs().max() > 1e-3  # control: the edit matters
     torch.testing.assert_close(after, _traced(block, u), rtol=0, atol=1e-12)
+
+
+def test_an_assigning_load_of_several_dtypes_is_refused_before_anything_is_loaded(module):
+    """A tester's finding: ``load_state_dict(assign=True)`` with one float32 ``attn.W_k`` turned ``W_q`` and ``W_v``
+    float32 too (rebuilt side by side as views of one promoted tensor), the rest staying float64, and the next call
+    failed in torch's matmul. Refused, naming both dtypes, with the block unchanged; controls: the same state dict
+    copied (no assign) loads in the block's dtype, and a whole state dict of another dtype assigns."""
+    block = _block(module)
+    state = {name: value.clone() for name, value in block.state_dict().items()}
+    state["attn.W_k"] = state["attn.W_k"].float()
+    with pytest.raises(ValueError, match=r"^assign=True would leave 'attn.W_k' in torch.float32 and 'attn.W_q' in "
+                                         r"torch.float64: a block computes in one dtype .* nothing was loaded$"):
+        block.load_state_dict(state, assign=True)
+    assert {parameter.dtype for parameter in block.parameters()} == {torch.float64}
+    block.load_state_dict(state)
+    assert block.attn.W_k.dtype == torch.float64 and torch.equal(block.attn.W_k, state["attn.W_k"].double())
+    block.load_state_dict({name: value.float() for name, value in state.items()}, assign=True)
+    assert {parameter.dtype for parameter in block.parameters()} == {torch.float32} and _fused_without_copy(module, block)

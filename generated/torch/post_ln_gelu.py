@@ -1072,6 +1072,14 @@ class _CanonicalModule(torch.nn.Module):
                     and not torch.equal(torch.as_tensor(state_dict[name]), torch.as_tensor(state_dict[first])):
                 raise ValueError(f"{name!r} differs from {first!r}, the same tensor here (tied layers): loading "
                                  "would keep the last copy")
+        # assign=True makes the loaded tensors the parameters, in their own dtypes: a block computes in one
+        dtypes = [(name, state_dict[name].dtype if assign and isinstance(state_dict.get(name), torch.Tensor) else tensor.dtype)
+                  for name, tensor in own.items() if tensor.is_floating_point()]
+        for name, dtype in dtypes[1:]:
+            if dtype != dtypes[0][1]:
+                raise ValueError(f"assign=True would leave {name!r} in {dtype} and {dtypes[0][0]!r} in {dtypes[0][1]}: "
+                                 "a block computes in one dtype (give every tensor that dtype, or load without assign, "
+                                 "which copies into the block's); nothing was loaded")
         result = super().load_state_dict(state_dict, strict=strict, assign=assign)
         self._keep_side_by_side()  # assign=True puts the loaded tensors in place
         return result

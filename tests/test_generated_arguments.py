@@ -264,3 +264,21 @@ def test_a_hidden_width_of_zero_is_named_in_both_backends(numpy_module, torch_mo
         numpy_module.forward(_u(), _params(numpy_module, d_ff=0), n_heads=2)
     with pytest.raises(ValueError, match="d_ff must be >= 1, got 0"):
         torch_module.Block(8, 2, 0)
+
+
+def test_big_endian_arrays_are_read_as_the_numbers_they_hold(numpy_module):
+    """A tester's finding: float64 stored big-endian (``>f8``: ``np.frombuffer`` of a file's bytes) was refused as
+    "u must be float32 or float64, got >f8", or as a parameter of another dtype than ``u``'s, float64 both. The
+    block and a network read them as native arrays; control: a big-endian int array is still refused."""
+    params, u = _params(numpy_module), _u()
+    expected = numpy_module.forward(u, params, n_heads=2)
+    swapped = {name: value.astype(">f8") for name, value in params.items()}
+    assert np.array_equal(numpy_module.forward(u.astype(">f8"), swapped, n_heads=2), expected)
+    with pytest.raises(ValueError, match=r"^u must be float32 or float64, got int32$"):
+        numpy_module.forward(u.astype(">i4"), params, n_heads=2)
+    network = import_path(GENERATED / "numpy" / "resnet_block.py")
+    rng = np.random.default_rng(0)
+    net_params = {name: rng.random(tuple(3 if isinstance(axis, str) else axis for axis in axes)) + 0.5
+                  for name, axes in network.PARAMETERS.items()}
+    x = rng.standard_normal((2, 3, 5, 5))
+    assert np.array_equal(network.forward(x.astype(">f8"), net_params), network.forward(x, net_params))

@@ -631,7 +631,7 @@ def _array(name, value):
                         "pass NumPy arrays (a torch tensor: t.detach().cpu().numpy())") from None
     if array.dtype == object:
         raise TypeError(f"{name} must be an array of numbers, got {type(value).__name__}")
-    return array
+    return array.astype(array.dtype.newbyteorder("="), copy=False)  # big-endian data (a file's) in this machine's order
 
 
 # --- argument checks: a ValueError or TypeError naming the argument, before any work ---

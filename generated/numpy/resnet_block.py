@@ -465,6 +465,7 @@ def _table(params, table, sizes, dtype, prefix=""):
 def _input(name, value):
     """``value`` as a float32 or float64 array (batch, channels, height, width), checked before any work."""
     array = np.asarray(value)
+    array = array.astype(array.dtype.newbyteorder("="), copy=False)  # big-endian data (a file's) in this machine's order
     if array.dtype not in (np.float32, np.float64):
         raise ValueError(f"{name} must be float32 or float64, got {array.dtype}")
     if array.ndim != 4:

@@ -635,3 +635,15 @@ def _mask_on(name: str, mask, device: torch.device) -> torch.Tensor:
     if isinstance(mask, torch.Tensor) and mask.device.type == "meta" and device.type != "meta":
         raise ValueError(f"{name} is on the meta device (it holds no values), u on {device.type}")
     return torch.as_tensor(mask, device=device)
+
+
+def _loads_finite(name: str, value: torch.Tensor, dtype: torch.dtype) -> None:
+    """A ValueError naming parameter ``name`` where a finite entry of ``value`` lies beyond ``dtype``'s range: the copy
+    into the module would hold inf (a float64 1e6 loaded into float16), where a NumPy module refuses any rounding."""
+    if value.is_meta or not dtype.is_floating_point:
+        return
+    finite = torch.isfinite(value)
+    if bool((finite & ~torch.isfinite(value.to(dtype))).any()):
+        largest = float(value[finite].abs().max())
+        raise ValueError(f"parameter {name!r} holds {largest:.6g}, beyond {dtype}'s range "
+                         f"(±{torch.finfo(dtype).max:.6g}): it would load as inf")

@@ -90,6 +90,7 @@ class _Network(torch.nn.Module):
                 raise ValueError(f"parameter {name!r} has dtype {value.dtype}, expected a real floating type")
             if tuple(value.shape) != tuple(target.shape):
                 raise ValueError(f"parameter {name!r} has shape {tuple(value.shape)}, expected {tuple(target.shape)}")
+            _loads_finite(name, value, target.dtype)
             values[name] = value
         with torch.no_grad():
             for name, value in values.items():

@@ -282,3 +282,24 @@ def test_big_endian_arrays_are_read_as_the_numbers_they_hold(numpy_module):
                   for name, axes in network.PARAMETERS.items()}
     x = rng.standard_normal((2, 3, 5, 5))
     assert np.array_equal(network.forward(x.astype(">f8"), net_params), network.forward(x, net_params))
+
+
+@pytest.mark.parametrize("network", [False, True], ids=["block", "network"])
+def test_a_parameter_beyond_the_modules_range_is_refused_not_loaded_as_inf(torch_module, network):
+    """A tester's finding: a float64 1e6 loaded into a float16 module became inf silently (a NumPy module refuses any
+    rounding). Refused naming the parameter, nothing loaded; controls: inf itself loads as inf, and 6e4 loads."""
+    if network:
+        module = import_path(GENERATED / "torch" / "resnet_block.py")
+        build, name, index = (lambda dtype: module.Model(3, 3, dtype=dtype)), "conv1.W", (0, 0, 0, 0)
+    else:
+        build, name, index = (lambda dtype: torch_module.Block(8, 2, 12, dtype=dtype)), "ffn.W_1", (0, 0)
+    params = {key: value.detach().double().clone() for key, value in build(torch.float64).named_parameters()}
+    target = build(torch.float16)
+    before = {key: value.detach().clone() for key, value in target.named_parameters()}
+    params[name][index] = -1e6
+    with pytest.raises(ValueError, match=rf"^parameter '{name}' holds 1e\+06, beyond torch.float16's range \(±65504\)"):
+        target.load_params(params)
+    assert all(torch.equal(value, before[key]) for key, value in target.named_parameters())
+    for value, loaded in ((float("-inf"), float("-inf")), (-6e4, -6e4)):
+        params[name][index] = value
+        assert target.load_params(params).get_parameter(name)[index].item() == loaded

@@ -559,6 +559,18 @@ def _mask_on(name: str, mask, device: torch.device) -> torch.Tensor:
     return torch.as_tensor(mask, device=device)
 
 
+def _loads_finite(name: str, value: torch.Tensor, dtype: torch.dtype) -> None:
+    """A ValueError naming parameter ``name`` where a finite entry of ``value`` lies beyond ``dtype``'s range: the copy
+    into the module would hold inf (a float64 1e6 loaded into float16), where a NumPy module refuses any rounding."""
+    if value.is_meta or not dtype.is_floating_point:
+        return
+    finite = torch.isfinite(value)
+    if bool((finite & ~torch.isfinite(value.to(dtype))).any()):
+        largest = float(value[finite].abs().max())
+        raise ValueError(f"parameter {name!r} holds {largest:.6g}, beyond {dtype}'s range "
+                         f"(±{torch.finfo(dtype).max:.6g}): it would load as inf")
+
+
 def _unexpected(params, table):
     """A ValueError naming every name of ``params`` that ``table`` lacks."""
     unknown = sorted(set(params) - set(table), key=str)
@@ -1018,6 +1030,7 @@ def _checked(module, table, params, bias):
             raise ValueError(f"parameter {name!r} has shape {tuple(value.shape)}, expected {tuple(target.shape)}")
         if value.is_meta and not target.is_meta:
             raise ValueError(f"parameter {name!r} is on the meta device: it holds no values to load")
+        _loads_finite(name, value, target.dtype)
         if _KINDS[name] == "bias" and not bias and bool((value != 0).any()):
             raise ValueError(f"parameter {name!r} is nonzero but the module was built with bias=False")
         values[name] = value

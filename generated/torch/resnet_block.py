@@ -129,6 +129,18 @@ def _first_order_only():
                            "device whose attention kernel has one: torch's CPU flash attention has none)")
 
 
+def _loads_finite(name: str, value: torch.Tensor, dtype: torch.dtype) -> None:
+    """A ValueError naming parameter ``name`` where a finite entry of ``value`` lies beyond ``dtype``'s range: the copy
+    into the module would hold inf (a float64 1e6 loaded into float16), where a NumPy module refuses any rounding."""
+    if value.is_meta or not dtype.is_floating_point:
+        return
+    finite = torch.isfinite(value)
+    if bool((finite & ~torch.isfinite(value.to(dtype))).any()):
+        largest = float(value[finite].abs().max())
+        raise ValueError(f"parameter {name!r} holds {largest:.6g}, beyond {dtype}'s range "
+                         f"(±{torch.finfo(dtype).max:.6g}): it would load as inf")
+
+
 # --- argument checks: a ValueError or TypeError naming the argument, before any work ---
 _LARGEST_FLOAT = 1.7976931348623157e308  # sys.float_info.max
 
@@ -274,6 +286,7 @@ class _Network(torch.nn.Module):
                 raise ValueError(f"parameter {name!r} has dtype {value.dtype}, expected a real floating type")
             if tuple(value.shape) != tuple(target.shape):
                 raise ValueError(f"parameter {name!r} has shape {tuple(value.shape)}, expected {tuple(target.shape)}")
+            _loads_finite(name, value, target.dtype)
             values[name] = value
         with torch.no_grad():
             for name, value in values.items():

@@ -187,3 +187,35 @@ def test_one_sequences_memory_padding_may_be_one_dimensional(rng):
     assert np.abs(got - expected).max() <= 1e-10
     with pytest.raises(ValueError, match=r"memory_key_padding_mask must be bool of shape \(1, 5\) or \(5,\) for one"):
         numpy_module.forward(u, memory, decoder_layer_params(layer), n_heads=HEADS, memory_key_padding_mask=padding[None].repeat(2, 0))
+
+
+def test_a_stack_replaces_the_decoder_of_torchs_transformer():
+    """A tester's finding: ``nn.Transformer`` calls its decoder with ``memory_is_causal`` (and ``nn.TransformerDecoder``
+    defaults ``tgt_is_causal`` to None), which the generated Stack refused as unknown keywords. Both are taken: the
+    Stack as ``transformer.decoder`` computes the transformer's output (float64, every parameter random);
+    ``memory_is_causal=True`` without a ``memory_mask`` is refused as torch's hint without its mask; control: a memory
+    mask given through the transformer changes the output."""
+    _, torch_module = _modules(False)
+    torch.manual_seed(4)
+    transformer = torch.nn.Transformer(D, HEADS, 1, 2, D_FF, dropout=0.0, batch_first=True, dtype=torch.float64).eval()
+    with torch.no_grad():
+        for parameter in transformer.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.3)
+    src, tgt = torch.randn(2, M, D, dtype=torch.float64), torch.randn(2, N, D, dtype=torch.float64)
+    tgt_mask = torch.nn.Transformer.generate_square_subsequent_mask(N, dtype=torch.float64)
+    stack = torch_module.Stack(2, D, HEADS, D_FF, final_norm=True, dtype=torch.float64)
+    stack.load_params([decoder_layer_params(layer) for layer in transformer.decoder.layers],
+                      {"gain": transformer.decoder.norm.weight, "bias": transformer.decoder.norm.bias})
+    with torch.no_grad():
+        expected = transformer(src, tgt, tgt_mask=tgt_mask, tgt_is_causal=True)
+        transformer.decoder = stack
+        assert (transformer(src, tgt, tgt_mask=tgt_mask, tgt_is_causal=True) - expected).abs().max() <= 1e-12
+        memory_mask = torch.zeros(N, M, dtype=torch.bool)
+        memory_mask[:, 0] = True
+        assert (transformer(src, tgt, tgt_mask=tgt_mask, memory_mask=memory_mask) - expected).abs().max() > 1e-3
+        memory = transformer.encoder(src)
+        assert torch.equal(stack(tgt, memory, tgt_is_causal=None), stack(tgt, memory))
+        with pytest.raises(ValueError, match=r"^memory_is_causal=True says that memory_mask is causal: give memory_mask$"):
+            stack(tgt, memory, memory_is_causal=True)
+        with pytest.raises(TypeError, match=r"^tgt_is_causal must be a bool or None, got str$"):
+            stack(tgt, memory, tgt_is_causal="yes")

@@ -1649,7 +1649,8 @@ class Block(_CanonicalModule):
     only), ``batch_first=False`` for (tokens, batch, d) input, torch's initialization. Masks by keyword:
     ``key_padding_mask`` (or ``src_key_padding_mask``, or the decoder layer's ``tgt_key_padding_mask``), ``src_mask``
     (or ``tgt_mask``), ``causal`` (or ``is_causal``, ``tgt_is_causal``; True by default),
-    ``memory_key_padding_mask`` and ``memory_mask``.
+    ``memory_key_padding_mask`` and ``memory_mask`` (``memory_is_causal``, torch's hint that it is causal, is taken:
+    the mask computes).
     ``backward="derived"`` runs the derived adjoint as the backward pass (an
     ``autograd.Function``; without dropout); ``"autograd"`` (the default) lets autograd trace
     the forward.
@@ -1715,7 +1716,8 @@ class Block(_CanonicalModule):
                 is_causal: bool = False,
                 memory_key_padding_mask: torch.Tensor | None = None, cache: dict[str, torch.Tensor] | None = None,
                 tgt_mask: torch.Tensor | None = None, tgt_key_padding_mask: torch.Tensor | None = None,
-                tgt_is_causal: bool = False, memory_mask: torch.Tensor | None = None) -> torch.Tensor:
+                tgt_is_causal: bool | None = False, memory_mask: torch.Tensor | None = None,
+                memory_is_causal: bool = False) -> torch.Tensor:
         """``u`` of shape (batch, tokens, d) (or (tokens, d); (tokens, batch, d) when not
         ``batch_first``); the result has the same shape.
 
@@ -1743,13 +1745,19 @@ class Block(_CanonicalModule):
             raise TypeError(f"memory must be a torch.Tensor, got {type(memory).__name__}")
         if torch.jit.is_tracing():
             causal, is_causal = _traced_flag(causal), _traced_flag(is_causal)
-            tgt_is_causal = _traced_flag(tgt_is_causal)
+            if tgt_is_causal is not None:
+                tgt_is_causal = _traced_flag(tgt_is_causal)
+            memory_is_causal = _traced_flag(memory_is_causal)
         if not isinstance(causal, bool):
             raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
         if not isinstance(is_causal, bool):
             raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
-        if not isinstance(tgt_is_causal, bool):
-            raise TypeError(f"tgt_is_causal must be a bool, got {type(tgt_is_causal).__name__}")
+        if tgt_is_causal is not None and not isinstance(tgt_is_causal, bool):  # None: nn.TransformerDecoder's default
+            raise TypeError(f"tgt_is_causal must be a bool or None, got {type(tgt_is_causal).__name__}")
+        if not isinstance(memory_is_causal, bool):
+            raise TypeError(f"memory_is_causal must be a bool, got {type(memory_is_causal).__name__}")
+        if memory_is_causal and memory_mask is None:  # torch's hint that memory_mask is causal: the mask computes
+            raise ValueError("memory_is_causal=True says that memory_mask is causal: give memory_mask")
         if u.dim() not in (2, 3) or u.shape[-1] != self.d_model:
             layout = "batch, tokens" if self.batch_first else "tokens, batch"
             raise ValueError(f"u must have shape ({layout}, {self.d_model}) or (tokens, {self.d_model}), got {list(u.shape)}")
@@ -1761,7 +1769,7 @@ class Block(_CanonicalModule):
         key_padding_mask = _given(["key_padding_mask", "src_key_padding_mask", "tgt_key_padding_mask"],
                                   [key_padding_mask, src_key_padding_mask, tgt_key_padding_mask])
         src_mask = _given(["src_mask", "tgt_mask"], [src_mask, tgt_mask])
-        is_causal = is_causal or tgt_is_causal
+        is_causal = is_causal or (tgt_is_causal is not None and tgt_is_causal)
         u0 = u[None] if u.dim() == 2 else u if self.batch_first else u.transpose(0, 1)
         batch, n_tokens, d = u0.shape[0], u0.shape[1], u0.shape[2]
         if self.n_heads < 1 or d % self.n_heads:  # checked when built; a value set since here
@@ -2017,7 +2025,8 @@ class Stack(_CanonicalModule):
                 is_causal: bool = False,
                 memory_key_padding_mask: torch.Tensor | None = None, cache: list[dict[str, torch.Tensor]] | None = None,
                 tgt_mask: torch.Tensor | None = None, tgt_key_padding_mask: torch.Tensor | None = None,
-                tgt_is_causal: bool = False, memory_mask: torch.Tensor | None = None) -> torch.Tensor:
+                tgt_is_causal: bool | None = False, memory_mask: torch.Tensor | None = None,
+                memory_is_causal: bool = False) -> torch.Tensor:
         """``cache``: one dict per layer (``[{} for _ in stack.layers]`` at the first call), see ``Block``."""
         staged = _staged(cache, len(self.layers))
         _stacked_memory(staged, memory, memory_key_padding_mask)
@@ -2026,7 +2035,8 @@ class Stack(_CanonicalModule):
                       src_key_padding_mask=src_key_padding_mask, is_causal=is_causal,
                       memory_key_padding_mask=memory_key_padding_mask,
                       cache=None if staged is None else staged[index],
-                      tgt_mask=tgt_mask, tgt_key_padding_mask=tgt_key_padding_mask, tgt_is_causal=tgt_is_causal, memory_mask=memory_mask)
+                      tgt_mask=tgt_mask, tgt_key_padding_mask=tgt_key_padding_mask, tgt_is_causal=tgt_is_causal, memory_mask=memory_mask,
+                      memory_is_causal=memory_is_causal)
         _store(cache, staged)
         if self.has_final_norm:
             u = self._final_norm(u)

@@ -119,9 +119,10 @@ def _check_tokens(name: str, tokens, vocab_size: int) -> torch.Tensor:
 
 
 def _check_dtype(dtype: object) -> None:
-    """A TypeError unless ``dtype`` is None or a floating torch dtype (an integer one failed inside torch's layers)."""
-    if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
-        raise TypeError(f"dtype must be a floating torch dtype (torch.float32, torch.float64, …), got {dtype!r}")
+    """A TypeError unless ``dtype`` is None or a floating torch dtype torch computes in (an integer one failed inside
+    torch's layers, a float8 one in its initializers)."""
+    if dtype is not None and dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        raise TypeError(f"dtype must be torch.float16, torch.bfloat16, torch.float32, torch.float64 or None, got {dtype!r}")
 
 
 def _check_flags(**flags: object) -> None:

@@ -278,8 +278,9 @@ def test_dtypes_tokens_temperatures_and_the_meta_device_a_tester_tried():
     made the sampling probabilities NaN (logits / t overflowed); a model on the meta device built but its token and
     position checks read values. Now: a TypeError naming dtype; uint8 tokens read as int64 (the same logits); a tiny
     temperature samples the most likely token (control: greedy); meta tensors run through."""
-    with pytest.raises(TypeError, match="dtype must be a floating torch dtype"):
-        splitformer.nn.LanguageModel("gpt2", vocab_size=30, dtype=torch.int32)
+    for dtype in (torch.int32, torch.float8_e4m3fn):
+        with pytest.raises(TypeError, match="^dtype must be torch.float16, torch.bfloat16, torch.float32, torch.float64"):
+            splitformer.nn.LanguageModel("gpt2", vocab_size=30, dtype=dtype)
     torch.manual_seed(0)
     model = splitformer.nn.LanguageModel("llama", vocab_size=30, d_model=32, n_heads=4, n_layers=2)
     with torch.no_grad():

@@ -580,9 +580,10 @@ def _unexpected(params, table):
 
 
 def _floating(dtype):
-    """``dtype`` when it is None or a floating torch dtype (parameters must be able to require grad)."""
-    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-        raise TypeError(f"dtype must be a floating torch dtype (torch.float32, torch.float64, …) or None, got {dtype}")
+    """``dtype`` when it is None or a floating torch dtype torch computes in (parameters must be able to require grad;
+    the float8 types hold weights but have no products)."""
+    if dtype is not None and dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        raise TypeError(f"dtype must be torch.float16, torch.bfloat16, torch.float32, torch.float64 or None, got {dtype}")
     return dtype
 
 

@@ -22,6 +22,7 @@ _CHECKS = {
     "image": '_input("{name}", {name})',
     "stages": "_stage_configs({name})",
     "unread": '_unread("{name}", {name}, {default})',
+    "dtype": "_floating({name})",
 }
 
 
@@ -68,7 +69,7 @@ def _keywords(*inputs: Input) -> list[Input]:
     return [replace(item, keyword=True) for item in inputs]
 
 
-_FACTORY = (Input("device", default="None"), Input("dtype", default="None"),
+_FACTORY = (Input("device", default="None"), Input("dtype", "dtype", default="None"),
             Input("backward", "choice", default='"autograd"', choices=("autograd", "derived")))
 
 #: The declared inputs of each network composition (``NetworkProgram.composition``): ``torch`` (``Model``'s constructor), ``numpy`` (every function's, a

@@ -647,3 +647,11 @@ def _loads_finite(name: str, value: torch.Tensor, dtype: torch.dtype) -> None:
         largest = float(value[finite].abs().max())
         raise ValueError(f"parameter {name!r} holds {largest:.6g}, beyond {dtype}'s range "
                          f"(±{torch.finfo(dtype).max:.6g}): it would load as inf")
+
+
+def _floating(dtype):
+    """``dtype`` when it is None or a floating torch dtype torch computes in (parameters must be able to require grad;
+    the float8 types hold weights but have no products)."""
+    if dtype is not None and dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        raise TypeError(f"dtype must be torch.float16, torch.bfloat16, torch.float32, torch.float64 or None, got {dtype}")
+    return dtype

@@ -303,6 +303,8 @@ def test_torch_blocks_take_floating_dtypes_only(dtype):
     message = f"dtype must be torch.float16, torch.bfloat16, torch.float32, torch.float64 or None, got {dtype}"
     assert _message(TypeError, lambda: torch_module.Block(8, 2, 12, dtype=dtype)) == message
     assert _message(TypeError, lambda: torch_module.Stack(2, 8, 2, 12, dtype=dtype)) == message
+    network = import_path(GENERATED / "torch" / "resnet_block.py")  # an integer dtype failed in torch's requires_grad
+    assert _message(TypeError, lambda: network.Model(4, 4, dtype=dtype)) == message
     assert torch_module.Block(8, 2, 12, dtype=torch.float16).attn.W_q.dtype == torch.float16
 
 

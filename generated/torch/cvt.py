@@ -512,6 +512,14 @@ def _loads_finite(name: str, value: torch.Tensor, dtype: torch.dtype) -> None:
                          f"(±{torch.finfo(dtype).max:.6g}): it would load as inf")
 
 
+def _floating(dtype):
+    """``dtype`` when it is None or a floating torch dtype torch computes in (parameters must be able to require grad;
+    the float8 types hold weights but have no products)."""
+    if dtype is not None and dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        raise TypeError(f"dtype must be torch.float16, torch.bfloat16, torch.float32, torch.float64 or None, got {dtype}")
+    return dtype
+
+
 # --- argument checks: a ValueError or TypeError naming the argument, before any work ---
 _LARGEST_FLOAT = 1.7976931348623157e308  # sys.float_info.max
 
@@ -2447,6 +2455,7 @@ class Model(_Network):
         stages = _stage_configs(stages)
         n_classes = _integer("n_classes", n_classes, 0)
         eps = _epsilon(eps)
+        dtype = None if dtype is None else _floating(dtype)
         backward = _choice("backward", backward, ("autograd", "derived"))
         self.backward_mode = backward
         if not (len(embed_dims) == len(depths) == len(d_ffs) == len(stages)):

@@ -589,20 +589,20 @@ def _loads_finite(name: str, value: torch.Tensor, dtype: torch.dtype) -> None:
                          f"(±{torch.finfo(dtype).max:.6g}): it would load as inf")
 
 
-def _unexpected(params, table):
-    """A ValueError naming every name of ``params`` that ``table`` lacks."""
-    unknown = sorted(set(params) - set(table), key=str)
-    if unknown:
-        raise ValueError(f"unexpected parameter{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} "
-                         f"(expected: {', '.join(table)})")
-
-
 def _floating(dtype):
     """``dtype`` when it is None or a floating torch dtype torch computes in (parameters must be able to require grad;
     the float8 types hold weights but have no products)."""
     if dtype is not None and dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
         raise TypeError(f"dtype must be torch.float16, torch.bfloat16, torch.float32, torch.float64 or None, got {dtype}")
     return dtype
+
+
+def _unexpected(params, table):
+    """A ValueError naming every name of ``params`` that ``table`` lacks."""
+    unknown = sorted(set(params) - set(table), key=str)
+    if unknown:
+        raise ValueError(f"unexpected parameter{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} "
+                         f"(expected: {', '.join(table)})")
 
 
 @torch.jit.unused

@@ -525,6 +525,14 @@ def _loads_finite(name: str, value: torch.Tensor, dtype: torch.dtype) -> None:
                          f"(±{torch.finfo(dtype).max:.6g}): it would load as inf")
 
 
+def _floating(dtype):
+    """``dtype`` when it is None or a floating torch dtype torch computes in (parameters must be able to require grad;
+    the float8 types hold weights but have no products)."""
+    if dtype is not None and dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        raise TypeError(f"dtype must be torch.float16, torch.bfloat16, torch.float32, torch.float64 or None, got {dtype}")
+    return dtype
+
+
 # --- argument checks: a ValueError or TypeError naming the argument, before any work ---
 _LARGEST_FLOAT = 1.7976931348623157e308  # sys.float_info.max
 
@@ -1363,6 +1371,7 @@ class Model(_Network):
         image_size = _pair("image_size", image_size, 1)
         n_classes = _integer("n_classes", n_classes, 0)
         eps = _epsilon(eps)
+        dtype = None if dtype is None else _floating(dtype)
         backward = _choice("backward", backward, ("autograd", "derived"))
         self.backward_mode = backward
         height, width = image_size

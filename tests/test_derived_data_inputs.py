@@ -61,17 +61,22 @@ def test_a_networks_derived_backward_refuses_autocast_too():
             module.Model(4, 4, backward="derived").eval()(x)
 
 
+def _modules_and_input(name):
+    """The generated module ``name``'s block (d 16, 4 heads) or ResNet block (4 channels) built with
+    ``backward="autograd"`` and with ``"derived"``, and an input for them."""
+    module = import_path(GENERATED / "torch" / f"{name}.py")
+    if name == "resnet_block":
+        return [module.Model(4, 4, backward=backward).eval() for backward in ("autograd", "derived")], torch.randn(2, 4, 6, 6)
+    return [module.Block(16, 4, 32, backward=backward) for backward in ("autograd", "derived")], torch.randn(2, 5, 16)
+
+
 @pytest.mark.parametrize("name", ["post_ln", "resnet_block"])
 def test_the_derived_backward_refuses_torch_func_by_name(name):
     """A tester's finding: ``torch.func.grad`` and ``vmap`` of a derived module failed with torch's "must override the
     setup_context staticmethod", which names neither the option nor the way out. Refused by name; controls:
     autograd's module under the same transforms, and the derived module's forward under ``vmap`` without grad."""
-    module = import_path(GENERATED / "torch" / f"{name}.py")
     torch.manual_seed(2)
-    build = (lambda backward: module.Block(16, 4, 32, backward=backward)) if name == "post_ln" else \
-        (lambda backward: module.Model(4, 4, backward=backward).eval())
-    u = torch.randn((2, 5, 16) if name == "post_ln" else (2, 4, 6, 6))
-    autograd, derived = build("autograd"), build("derived")
+    (autograd, derived), u = _modules_and_input(name)
     gradient = torch.func.grad(lambda x: autograd(x).pow(2).sum())(u)
     assert gradient.shape == u.shape and gradient.abs().max() > 0
     for transform in (lambda: torch.func.grad(lambda x: derived(x).pow(2).sum())(u),
@@ -88,12 +93,8 @@ def test_the_derived_backward_refuses_trace_and_export_by_name(name):
     invocations") and an exported one's backward ran into "modified by an inplace operation", neither naming the
     option. Refused by name, as a scripted module is; controls: both record without autograd, and
     ``torch.compile`` of the derived module still differentiates (the autograd module's gradient)."""
-    module = import_path(GENERATED / "torch" / f"{name}.py")
     torch.manual_seed(3)
-    build = (lambda backward: module.Block(16, 4, 32, backward=backward)) if name == "pre_ln" else \
-        (lambda backward: module.Model(4, 4, backward=backward).eval())
-    u = torch.randn((2, 5, 16) if name == "pre_ln" else (2, 4, 6, 6))
-    derived, autograd = build("derived"), build("autograd")
+    (autograd, derived), u = _modules_and_input(name)
     autograd.load_state_dict(derived.state_dict())
     for record in (lambda: torch.jit.trace(derived, (u,)), lambda: torch.export.export(derived, (u,)),
                    lambda: torch.export.export(derived, (u,), strict=False)):

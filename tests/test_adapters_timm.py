@@ -96,3 +96,36 @@ def test_a_part_the_adapter_does_not_map_is_refused_by_name(change, message):
     change(source)
     with pytest.raises(SplitformerError, match=message):
         from_timm(source)
+
+
+def test_timms_own_tanh_gelu_class_is_read_as_gelu_tanh(modules, rng):
+    """A tester's finding: timm's ``act_layer="gelu_tanh"`` builds ``timm.layers.activations.GELUTanh``,
+    ``F.gelu(x, approximate="tanh")``, which was refused though torch's ``GELU(approximate="tanh")`` is read (timm's
+    SigLIP ViTs use it). Read as gelu-tanh; control: the exact GELU's reading differs from it."""
+    activations = import_timm("timm.layers.activations")
+    source = block(act_layer=activations.GELUTanh)
+    adapted = from_timm(source)
+    assert adapted.activation == "gelu-tanh"
+    assert parity(modules, adapted, source, rng.standard_normal((2, 5, D))) <= 1e-10
+    exact = from_timm(block())
+    assert parity(modules, exact.with_params(adapted.params), source, rng.standard_normal((2, 5, D))) > 1e-6
+
+
+def test_a_vision_transformer_given_another_patch_size_after_construction_is_read(modules):
+    """A tester's finding: ``set_input_size(patch_size=8)`` leaves ``feature_info`` (forward_intermediates' record of
+    strides, which no forward reads) as built for the old patch, and the as-built check refused the model over it.
+    Read, and its features equal timm's; control: a changed attribute a forward reads is still refused."""
+    torch.manual_seed(1)
+    model = vision_transformer.VisionTransformer(img_size=16, patch_size=4, embed_dim=D, depth=1, num_heads=HEADS,
+                                                 num_classes=3)
+    model = randomize(model.double())
+    model.set_input_size(patch_size=8)
+    adapted = from_timm(model)
+    tokens = []
+    model.blocks[0].register_forward_pre_hook(lambda module, args: tokens.append(args[0]))
+    with torch.no_grad():
+        features = model.forward_features(torch.randn(2, 3, 16, 16, dtype=torch.float64))
+    assert parity(modules, adapted, lambda _: features, tokens[0].numpy()) <= 1e-10
+    model.global_pool = "max"  # the readout the reading leaves out is refused as before
+    with pytest.raises(SplitformerError):
+        from_timm(model, network="vit")

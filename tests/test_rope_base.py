@@ -107,3 +107,20 @@ def test_a_llama_frequency_scaled_by_one_plus_1e_7_is_refused(dtype):
         model.model.rotary_emb.inv_freq[1] *= 1 + 1e-7
     _refused(from_hf, model, r"^LlamaForCausalLM\.model\.rotary_emb\.inv_freq differs from the default RoPE "
                              r"frequencies of rope_theta=10000 \(relative [0-9.e-]+\)")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
+def test_a_llama_converted_to_half_precision_is_refused_for_its_rounded_frequencies(dtype):
+    """A tester's finding (high): ``model.to(torch.bfloat16)`` rounds ``inv_freq`` too (0.4 % off in bfloat16) and
+    transformers rotates by the rounded values, while the float32 LanguageModel ``from_hf_lm`` returned rotated by
+    exact ones: logits 2.3 off at positions 50…2000 (the buffer was compared with the exact frequencies rounded to its
+    own dtype). Refused, naming the conversion; controls: the float32 model reads, and so does the half-precision one
+    with its buffer computed again in float32, as ``from_pretrained(dtype=…)`` keeps it."""
+    model = llama()
+    assert isinstance(splitformer_nn.from_hf_lm(model), splitformer_nn.LanguageModel)
+    model = model.to(dtype)
+    _refused(splitformer_nn.from_hf_lm, model, rf"^LlamaForCausalLM\.model\.rotary_emb\.inv_freq differs from the "
+                                               rf"default RoPE frequencies of rope_theta=10000 \(relative [0-9.e-]+\) "
+                                               rf"\({str(dtype).replace('.', '[.]')}: \.to\(\) rounds it")
+    model.model.rotary_emb.inv_freq = library_frequencies(10000.0, 2 * model.model.rotary_emb.inv_freq.numel(), "cpu")
+    assert isinstance(splitformer_nn.from_hf_lm(model), splitformer_nn.LanguageModel)

@@ -105,6 +105,8 @@ IMMATERIAL: dict[str, dict[str, str]] = {
                                 "1/√head_dim, as the reader checks scale"},
     "VisionTransformer": {"weight_init_mode": "weight initialization", "fix_init": "weight initialization",
                           "grad_checkpointing": "recomputes the same blocks for the gradient",
+                          "feature_info": "forward_intermediates' record of each block's stride (set_input_size leaves "
+                                          "it as built)",
                           **dict.fromkeys(("pretrained_cfg", "default_cfg", "pretrained_model_args", "_traits", "_model_args"),
                                           "timm.create_model's record of the weights' source, arguments and input size")},
     "Embedding": {"padding_idx": "gradient only", "scale_grad_by_freq": "gradient only", "sparse": "gradient only"},

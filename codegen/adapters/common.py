@@ -19,7 +19,8 @@ __all__ = ["activation_name", "check_attention", "check_head_split", "shared_lay
 
 
 #: Class names of activation modules (torch, transformers) → the scheme activation they compute.
-ACTIVATION_CLASSES = {"ReLU": "relu", "GELUActivation": "gelu", "SiLU": "silu", "SiLUActivation": "silu", "Tanh": "tanh"}
+ACTIVATION_CLASSES = {"ReLU": "relu", "GELUActivation": "gelu", "SiLU": "silu", "SiLUActivation": "silu", "Tanh": "tanh",
+                      "GELUTanh": "gelu-tanh"}  # timm's and transformers' GELUTanh: F.gelu(x, approximate="tanh")
 #: ``torch.nn.functional``/``torch`` function names → the scheme activation.
 ACTIVATION_FUNCTIONS = {"relu": "relu", "gelu": "gelu", "silu": "silu", "tanh": "tanh"}
 

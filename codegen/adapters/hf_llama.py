@@ -93,9 +93,12 @@ def check_rotary(owner: str, rotary: Any, head_dim: int, theta: float) -> None:
                                f"embedding has {expected.size} floating frequencies (head_dim / 2)")
     if not is_frequencies_of(buffer, theta, head_dim):
         worst = float(np.max(np.abs(array(buffer) / expected - 1.0)))
+        rounded = "" if buffer.element_size() >= 4 else \
+            (f" ({buffer.dtype}: .to() rounds it, and transformers rotates by the rounded values; "
+             "from_pretrained(dtype=...) keeps it in float32)")
         raise SplitformerError(f"{owner}.inv_freq differs from the default RoPE frequencies of rope_theta={theta:g} "
-                               f"(relative {worst:.2g}), which transformers computes in float32; the llama scheme "
-                               "computes theta^(-2k/head_dim)")
+                               f"(relative {worst:.2g}){rounded}, which transformers computes in float32; the llama "
+                               "scheme computes theta^(-2k/head_dim)")
     scaling = float(getattr(rotary, "attention_scaling", 1.0))
     if not math.isclose(scaling, 1.0, rel_tol=1e-12):
         raise SplitformerError(f"{owner}.attention_scaling is {scaling:g}; the llama scheme's rotary embedding scales "

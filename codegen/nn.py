@@ -23,6 +23,7 @@ import inspect
 import numbers
 import sys
 import types
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -125,6 +126,17 @@ def _check_dtype(dtype: object) -> None:
         raise TypeError(f"dtype must be torch.float16, torch.bfloat16, torch.float32, torch.float64 or None, got {dtype!r}")
 
 
+def _token_ids(name: str, value: object, vocab_size: int, several: bool = True) -> tuple[int, ...]:
+    """``value`` (None, one token id or, ``several``, a sequence of them) as a tuple of ids below ``vocab_size``; a
+    ValueError naming ``name`` otherwise."""
+    ids = () if value is None else (value,) if isinstance(value, numbers.Integral) else value if several else None
+    if not isinstance(ids, (tuple, list)) or not all(
+            isinstance(i, numbers.Integral) and not isinstance(i, bool) and 0 <= i < vocab_size for i in ids):
+        kinds = "a token id or a sequence of them (each" if several else "a token id (one"
+        raise ValueError(f"{name} must be None or {kinds} in 0 … {vocab_size - 1}), got {value!r}")
+    return tuple(int(i) for i in ids)
+
+
 def _check_flags(**flags: object) -> None:
     """A TypeError naming the first of ``flags`` that is not a bool (a string "false" would be true)."""
     for name, flag in flags.items():
@@ -221,6 +233,10 @@ class LanguageModel(_Embedded):
         self.arguments = {"scheme": scheme, "vocab_size": vocab_size, "d_model": d_model, "n_heads": n_heads,
                           "d_ff": d_ff, "n_layers": n_layers, "max_tokens": max_tokens, "tie_weights": tie_weights,
                           "dropout": dropout, "final_norm": final_norm, **stack_options}
+        #: The tokens that end a row in ``generate`` by default (``from_hf_lm``: the source's generation config).
+        self.eos_token_id: int | tuple[int, ...] | None = None
+        #: What ``generate`` writes after a row's end token by default (None: the first end token).
+        self.pad_token_id: int | None = None
         self.embed = torch.nn.Embedding(vocab_size, d_model, **factory)
         self._build_stack(module, n_layers, d_model, n_heads, d_ff, max_tokens, dropout, final_norm, factory,
                           stack_options)
@@ -265,14 +281,23 @@ class LanguageModel(_Embedded):
     @torch.no_grad()
     def generate(self, prompt: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0,
                  top_k: int | None = None, greedy: bool = False, padding_mask: torch.Tensor | None = None,
-                 use_cache: bool = True, generator: torch.Generator | None = None) -> torch.Tensor:
-        """``prompt`` (batch, tokens) followed by ``max_new_tokens`` sampled tokens (eval mode).
+                 use_cache: bool = True, generator: torch.Generator | None = None,
+                 eos_token_id: int | Sequence[int] | None = None, pad_token_id: int | None = None) -> torch.Tensor:
+        """``prompt`` (batch, tokens) followed by up to ``max_new_tokens`` sampled tokens (eval mode).
 
         ``greedy``: the most likely token; else sampled from softmax(logits / ``temperature``)
         restricted to the ``top_k`` most likely. ``padding_mask``: True on the prompt's left
         padding. ``use_cache=False`` reruns the whole sequence each step (the reference).
+        ``eos_token_id`` (one id or several; None: the model's ``eos_token_id``, which ``from_hf_lm`` reads from the
+        source's generation config; ``()``: none) ends a row at its first end token: its later tokens are
+        ``pad_token_id`` (None: the model's, else the first end token), and generation stops once every row has
+        ended, as transformers' ``generate`` does.
         """
         tokens = _check_tokens("prompt", prompt, self.vocab_size)
+        ends = _token_ids("eos_token_id", self.eos_token_id if eos_token_id is None else eos_token_id, self.vocab_size)
+        pad = _token_ids("pad_token_id", self.pad_token_id if pad_token_id is None else pad_token_id, self.vocab_size,
+                         several=False)
+        pad = pad[0] if pad else ends[0] if ends else None
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be an int ≥ 0, got {max_new_tokens!r}")
         if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or not temperature > 0:
@@ -292,13 +317,19 @@ class LanguageModel(_Embedded):
         try:
             cache = self.new_cache() if use_cache else None
             new = tokens
+            running = torch.ones(len(tokens), 1, dtype=torch.bool, device=tokens.device)  # rows without an end token
             for _ in range(max_new_tokens):
                 logits = self(new, padding_mask=padding_mask, cache=cache)[:, -1]
                 chosen = self._choose(logits, temperature, top_k, greedy, generator)
+                if ends:
+                    chosen = torch.where(running, chosen, pad)
+                    running = running & ~torch.isin(chosen, torch.tensor(ends, device=chosen.device))
                 tokens = torch.cat((tokens, chosen), dim=1)
                 if padding_mask is not None:
                     padding_mask = torch.cat((padding_mask, padding_mask.new_zeros(len(tokens), 1)), dim=1)
                 new = chosen if use_cache else tokens
+                if ends and not bool(running.any()):
+                    break
         finally:
             self.train(was_training)
         return tokens if prompt.dim() == 2 else tokens[0]

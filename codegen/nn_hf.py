@@ -140,4 +140,7 @@ def from_hf_lm(model: Any) -> LanguageModel:
             result.positions.weight.copy_(parts["positions"].weight)
         if not tied:
             result.head.weight.copy_(head.weight)
+    generation = getattr(model, "generation_config", None)  # what transformers' generate ends rows with
+    result.eos_token_id = getattr(generation, "eos_token_id", None)
+    result.pad_token_id = getattr(generation, "pad_token_id", None)
     return result.eval()

@@ -225,3 +225,29 @@ def test_text_encoder_trains_with_dropout_and_resets():
     before = encoder.embed.weight.detach().clone()
     encoder.reset_parameters()
     assert not torch.equal(before, encoder.embed.weight) and torch.equal(encoder.embedding_norm.bias, torch.zeros(8))
+
+
+def test_generate_ends_rows_at_the_sources_end_token_as_transformers_does():
+    """A tester's finding: ``LanguageModel.generate`` had no end token, so a model with ``eos_token_id`` set (every
+    checkpoint) went on where transformers' ``generate`` pads the row and stops. ``from_hf_lm`` reads the source's
+    generation config; the tokens equal transformers' (greedy, float64, every parameter random); controls: without
+    an end token the rows go on, and an end token outside the vocabulary is refused by name."""
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=40, hidden_size=16, intermediate_size=24, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=1, eos_token_id=None)
+    model = transformers.LlamaForCausalLM(config).double().eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.5)
+    prompt = torch.tensor([[3, 7, 9], [1, 2, 5]])
+    free = splitformer_nn.from_hf_lm(model).generate(prompt, 12, greedy=True)
+    end = int(free[1, 3])  # the second row's first new token: that row ends at once
+    model.generation_config.eos_token_id, model.generation_config.pad_token_id = end, 0
+    expected = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=12, do_sample=False)
+    language_model = splitformer_nn.from_hf_lm(model)
+    got = language_model.generate(prompt, 12, greedy=True)
+    assert torch.equal(got, expected) and got.shape[1] < free.shape[1] and (got[1, 4:] == 0).all()
+    assert torch.equal(language_model.generate(prompt, 12, greedy=True, eos_token_id=()), free)
+    with pytest.raises(ValueError, match=r"^eos_token_id must be None or a token id or a sequence of them \(each in "
+                                         r"0 … 39\), got 40$"):
+        language_model.generate(prompt, 2, eos_token_id=40)

@@ -270,8 +270,10 @@ class LanguageModel(_Embedded):
         if positions is None:
             positions = _positions(padding_mask, batch, offset, n_tokens, tokens.device)
         elif not isinstance(positions, torch.Tensor) or positions.dtype.is_floating_point \
-                or positions.dtype == torch.bool or positions.shape[-1:] != (n_tokens,) or positions.dim() > 2:
-            raise ValueError(f"positions must be integer positions of shape (batch, {n_tokens}) or ({n_tokens},)")
+                or positions.dtype == torch.bool or positions.shape[-1:] != (n_tokens,) or positions.dim() > 2 \
+                or (positions.dim() == 2 and positions.shape[0] not in (1, batch)):
+            raise ValueError(f"positions must be integer positions of shape ({batch}, {n_tokens}), (1, {n_tokens}) or "
+                             f"({n_tokens},)")
         else:
             positions = positions.expand(batch, n_tokens)
         u, placed = self._place(self.embed(tokens), positions)

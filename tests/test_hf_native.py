@@ -128,8 +128,10 @@ def test_position_ids_place_the_tokens():
     counted = torch.arange(6)[None]
     assert torch.equal(hf(tokens, position_ids=counted).logits, hf(tokens).logits)
     assert not torch.allclose(hf(tokens, position_ids=counted + 1).logits, hf(tokens).logits, atol=1e-6)
-    with pytest.raises(ValueError, match=r"positions must be integer positions of shape \(batch, 6\)"):
+    with pytest.raises(ValueError, match=r"positions must be integer positions of shape \(2, 6\), \(1, 6\) or \(6,\)"):
         hf(tokens, position_ids=torch.zeros(2, 5, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"positions must be integer positions of shape \(2, 6\)"):  # was expand's
+        hf(tokens, position_ids=torch.zeros(3, 6, dtype=torch.long))                                # RuntimeError
 
 
 def test_rotary_keys_are_cached_as_transformers_llama_caches_them():

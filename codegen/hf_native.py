@@ -89,6 +89,8 @@ class SplitformerForCausalLM(transformers.PreTrainedModel, transformers.Generati
     def __init__(self, config: SplitformerConfig, model: LanguageModel | None = None):
         super().__init__(config)
         self.model = config.language_model() if model is None else model
+        if model is None:  # the end tokens generate ends rows with: the config's, as transformers' generate reads them
+            self.model.eos_token_id, self.model.pad_token_id = config.eos_token_id, config.pad_token_id
         if config.tie_word_embeddings:
             self._tied_weights_keys = {"model.head.weight": "model.embed.weight"}
         self.post_init()
@@ -234,8 +236,11 @@ def _check_source(scheme: Scheme) -> None:
 
 
 def _configuration(module: torch.nn.Module) -> dict:
-    """A module's plain attributes (``eps``, ``bias``, ``max_norm``, …), not its tensors, submodules or mode."""
-    return {name: value for name, value in vars(module).items() if not name.startswith("_") and name != "training"}
+    """A module's plain attributes (``eps``, ``bias``, ``max_norm``, …), not its tensors, submodules or mode, nor a
+    ``LanguageModel``'s end tokens (``to_hf`` writes them into the config, where ``generate`` reads them)."""
+    generation = ("eos_token_id", "pad_token_id") if isinstance(module, LanguageModel) else ()
+    return {name: value for name, value in vars(module).items()
+            if not name.startswith("_") and name != "training" and name not in generation}
 
 
 def _same(value, other) -> bool:
@@ -313,7 +318,8 @@ def to_hf(model: LanguageModel) -> SplitformerForCausalLM:
     sizes = {name: arguments.pop(name) for name in _SIZES}
     dtype = next(model.parameters()).dtype
     config = SplitformerConfig(**fields, **sizes, stack_options=arguments, tie_word_embeddings=tied,
-                               dtype=dtype, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+                               dtype=dtype, bos_token_id=None, eos_token_id=model.eos_token_id,
+                               pad_token_id=model.pad_token_id)
     return SplitformerForCausalLM(config, model)
 
 

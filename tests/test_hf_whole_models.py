@@ -248,6 +248,10 @@ def test_generate_ends_rows_at_the_sources_end_token_as_transformers_does():
     got = language_model.generate(prompt, 12, greedy=True)
     assert torch.equal(got, expected) and got.shape[1] < free.shape[1] and (got[1, 4:] == 0).all()
     assert torch.equal(language_model.generate(prompt, 12, greedy=True, eos_token_id=()), free)
+    written = splitformer_nn.to_hf(language_model)  # the end tokens travel in the config transformers' generate reads
+    assert (written.config.eos_token_id, written.config.pad_token_id) == (end, 0)
+    assert torch.equal(written.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=12,
+                                        do_sample=False), expected)
     with pytest.raises(ValueError, match=r"^eos_token_id must be None or a token id or a sequence of them \(each in "
                                          r"0 … 39\), got 40$"):
         language_model.generate(prompt, 2, eos_token_id=40)

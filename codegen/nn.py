@@ -144,11 +144,14 @@ def _check_flags(**flags: object) -> None:
             raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
 
 
-def _check_padding(padding_mask, shape: tuple[int, int]) -> torch.Tensor | None:
+def _check_padding(padding_mask, shape: tuple[int, int], one_sequence: bool = False) -> torch.Tensor | None:
+    """``padding_mask`` of ``shape`` (batch, tokens), or of (tokens,) for ``one_sequence`` (a 1-D prompt's)."""
     if padding_mask is None:
         return None
     if not isinstance(padding_mask, torch.Tensor) or padding_mask.dtype != torch.bool:
         raise TypeError("padding_mask must be a bool torch.Tensor (True marks a padded token)")
+    if one_sequence and padding_mask.dim() == 1:
+        padding_mask = padding_mask[None]
     if tuple(padding_mask.shape) != shape:
         raise ValueError(f"padding_mask must have shape {list(shape)}, got {list(padding_mask.shape)}")
     return padding_mask
@@ -307,7 +310,7 @@ class LanguageModel(_Embedded):
         if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
             raise ValueError(f"top_k must be None or a positive int, got {top_k!r}")
         _check_flags(greedy=greedy, use_cache=use_cache)
-        padding_mask = _check_padding(padding_mask, tuple(tokens.shape))
+        padding_mask = _check_padding(padding_mask, tuple(tokens.shape), one_sequence=prompt.dim() == 1)
         if padding_mask is not None and bool((padding_mask[:, 1:] & ~padding_mask[:, :-1]).any()):
             raise ValueError("padding_mask: generate continues each row after its last token, so a prompt's padding "
                              "is on its left only (True before the row's first token, never after it)")

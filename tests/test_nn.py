@@ -291,3 +291,14 @@ def test_dtypes_tokens_temperatures_and_the_meta_device_a_tester_tried():
     assert torch.equal(sampled, model.generate(prompt, 4, greedy=True))
     meta = splitformer.nn.LanguageModel("gpt2", vocab_size=30, d_model=32, n_heads=4, n_layers=2, device="meta")
     assert meta(torch.tensor([[1, 2, 3]], device="meta")).shape == (1, 3, 30)
+
+
+def test_a_one_dimensional_prompt_takes_a_one_dimensional_padding_mask():
+    """A tester's finding: ``generate`` took a 1-D prompt but refused its 1-D ``padding_mask``. Taken as the one row's;
+    control: the same row batched gives the same tokens."""
+    torch.manual_seed(0)
+    model = splitformer.nn.LanguageModel("llama", VOCAB, d_model=8, n_heads=2, n_layers=1)
+    prompt, mask = torch.tensor([0, 0, 5, 7]), torch.tensor([True, True, False, False])
+    tokens = model.generate(prompt, 3, greedy=True, padding_mask=mask)
+    assert tokens.shape == (7,) and torch.equal(tokens, model.generate(prompt[None], 3, greedy=True,
+                                                                       padding_mask=mask[None])[0])

@@ -129,3 +129,28 @@ def test_a_vision_transformer_given_another_patch_size_after_construction_is_rea
     model.global_pool = "max"  # the readout the reading leaves out is refused as before
     with pytest.raises(SplitformerError):
         from_timm(model, network="vit")
+
+
+def test_a_bias_free_vision_transformer_is_read_without_biases(modules):
+    """A tester's finding: timm's ``qkv_bias=False, proj_bias=False`` with ``LayerNorm(bias=False)`` (no bias anywhere)
+    was refused as a module not "as built": the rebuild dropped the norm's ``bias=False``. Read with ``bias=False``;
+    its features equal timm's; control: a bias-free block under biased norms is still refused as a mix."""
+    torch.manual_seed(2)
+    bias_free = functools.partial(torch.nn.LayerNorm, bias=False)
+    model = vision_transformer.VisionTransformer(img_size=8, patch_size=4, embed_dim=D, depth=2, num_heads=HEADS,
+                                                 num_classes=3, qkv_bias=False, proj_bias=False, norm_layer=bias_free)
+    model = randomize(model.double())
+    adapted = from_timm(model)
+    assert adapted.bias is False
+    tokens = []
+    hook = model.blocks[0].register_forward_pre_hook(lambda module, args: tokens.append(args[0]))
+    with torch.no_grad():
+        features = model.forward_features(torch.randn(2, 3, 8, 8, dtype=torch.float64))
+    hook.remove()
+    assert parity(modules, adapted, lambda _: features, tokens[0].numpy()) <= 1e-10
+    from test_hf_whole_models import TORCH_VIT  # the whole model as the generated vit network, its logits timm's
+    pixels = torch.randn(2, 3, 8, 8, dtype=torch.float64)
+    with torch.no_grad():
+        assert (from_timm(model, network="vit").build(TORCH_VIT).logits(pixels) - model(pixels)).abs().max() <= 1e-10
+    with pytest.raises(SplitformerError, match="biases in some parts and not in others"):
+        from_timm(block(qkv_bias=False, proj_bias=False))

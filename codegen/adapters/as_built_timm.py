@@ -9,6 +9,7 @@ refuses reads); ``as_built`` compares every other plain attribute.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from .inspection import library_class, runs_one_of
@@ -27,7 +28,13 @@ def _block_options(block: Any) -> dict[str, Any]:
     width = attention.qkv.weight.shape[1]
     return {"num_heads": attention.num_heads, "mlp_ratio": (mlp.fc1.weight.shape[0] + 0.5) / width,  # int(dim * ratio)
             "qkv_bias": attention.qkv.bias is not None, "proj_bias": attention.proj.bias is not None,
-            "act_layer": library_class(mlp.act), "norm_layer": library_class(block.norm1)}
+            "act_layer": library_class(mlp.act), "norm_layer": _norm_layer(block.norm1)}
+
+
+def _norm_layer(norm: Any) -> Any:
+    """The norm class ``norm`` runs, with ``bias=False`` where it was built without a bias (a bias-free ViT)."""
+    cls = library_class(norm)
+    return functools.partial(cls, bias=False) if getattr(norm, "bias", 0) is None else cls
 
 
 def _drop_path(block: Any) -> float:

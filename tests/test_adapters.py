@@ -281,6 +281,17 @@ def test_bert_layer_round_trips(modules, rng):
     assert_same_state(to_torch(adapted), layer.state_dict())
 
 
+def test_a_bert_layer_with_torchs_tanh_gelu_is_read_as_gelu_tanh(modules, rng):
+    """``hidden_act="gelu_pytorch_tanh"`` builds transformers' ``GELUTanh``, ``F.gelu(x, approximate="tanh")``: read as
+    gelu-tanh since timm's class of that name is (it was refused); GPT-2's ``gelu_new``, the formula written out in
+    Python, stays refused (``test_refuses_bert_configurations``)."""
+    layer = bert(layers=1, hidden_act="gelu_pytorch_tanh").encoder.layer[0]
+    adapted = from_hf(layer)
+    assert adapted.activation == "gelu-tanh"
+    source = lambda x: layer(x)[0] if isinstance(layer(x), tuple) else layer(x)  # noqa: E731
+    assert parity(modules, adapted, source, rng.standard_normal((2, 5, D))) <= 1e-10
+
+
 def test_bert_model_stack_round_trips_with_padding(modules):
     model = bert(layers=3)
     adapted = from_hf(model)
@@ -370,7 +381,6 @@ def test_refuses_a_final_norm_with_another_eps():
 @pytest.mark.parametrize("config, message", [
     ({"is_decoder": True}, "decoder"),
     ({"hidden_act": "gelu_new"}, "activation"),
-    ({"hidden_act": "gelu_pytorch_tanh"}, "activation"),
 ])
 def test_refuses_bert_configurations(config, message):
     with pytest.raises(SplitformerError, match=message):

@@ -8,7 +8,7 @@ import weakref
 
 import torch
 
-from .torch_helpers import _check_mask, _in_place, _recorded, _restrict, _shares
+from .torch_helpers import _check_mask, _in_place, _mask_on, _recorded, _restrict, _shares
 
 
 def _memory(memory: torch.Tensor, batch: int, d: int, like: torch.Tensor) -> torch.Tensor:

@@ -5,6 +5,7 @@ canonical names, checked before any work, loaded all or nothing (``_Network``). 
 import torch
 
 from .checks import _as_read, _mapping
+from .torch_helpers import _loads_finite
 
 
 def _group(module, table, sizes, factory):

@@ -154,3 +154,17 @@ def test_a_bias_free_vision_transformer_is_read_without_biases(modules):
         assert (from_timm(model, network="vit").build(TORCH_VIT).logits(pixels) - model(pixels)).abs().max() <= 1e-10
     with pytest.raises(SplitformerError, match="biases in some parts and not in others"):
         from_timm(block(qkv_bias=False, proj_bias=False))
+
+
+def test_a_stack_reading_given_to_the_vit_network_says_which_reading_it_takes():
+    """A tester's finding: the vit network's module given ``from_timm(model)`` (the blocks' reading: ``network="vit"``
+    forgotten) refused it as computing "None with None". The message names the whole model's reading."""
+    import numpy as np
+    import splitformer
+    model = vision_transformer.VisionTransformer(img_size=8, patch_size=4, embed_dim=D, depth=1, num_heads=HEADS,
+                                                 num_classes=3).double().eval()
+    vit = splitformer.derive("vit").numpy_module()
+    with pytest.raises(ValueError, match=r"^params: the source was read as a stack of pre-ln blocks \(with gelu\); "
+                                         r"the module .* is a network's module, which takes a whole model's reading "
+                                         r"\(from_timm\(model, network=\"vit\"\)"):
+        vit.forward(np.zeros((1, 3, 8, 8)), from_timm(model), patch_size=4, n_heads=HEADS, eps=1e-6)

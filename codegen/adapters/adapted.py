@@ -404,6 +404,10 @@ def _check_own_classes(module: Any, namespace: Mapping[str, Any]) -> None:
 def _check_scheme(adapted: Adapted, namespace: Mapping[str, Any], module: str) -> None:
     """Refuse a generated module (its globals ``namespace``) that computes another scheme than the source's."""
     computed = (namespace.get("SCHEME"), namespace.get("ACTIVATION"))
+    if computed == (None, None):  # a network's module: the source was read as a block stack
+        raise SplitformerError(f"the source was read as a stack of {adapted.scheme} blocks (with {adapted.activation}); "
+                               f"{module} is a network's module, which takes a whole model's reading (from_timm(model, "
+                               "network=\"vit\"), from_hf(model, network=...): docs/guide/adapters.md)")
     if computed != (adapted.scheme, adapted.activation):
         raise SplitformerError(f"the source computes {adapted.scheme} with {adapted.activation}; "
                                f"{module} computes {computed[0]} with {computed[1]}")

@@ -168,3 +168,20 @@ def test_a_stack_reading_given_to_the_vit_network_says_which_reading_it_takes():
                                          r"the module .* is a network's module, which takes a whole model's reading "
                                          r"\(from_timm\(model, network=\"vit\"\)"):
         vit.forward(np.zeros((1, 3, 8, 8)), from_timm(model), patch_size=4, n_heads=HEADS, eps=1e-6)
+
+
+def test_refusals_name_the_class_the_reading_maps_and_whose_class_of_one_name():
+    """A tester's findings: ``norm_layer="rmsnorm"`` was refused as if a part had been changed after construction
+    (it is a construction choice), and torch's ``LayerNorm`` set in place of timm's was "LayerNorm, not the
+    LayerNorm …" (both classes print one name). The first names the class the reading maps there, the second both
+    classes' modules."""
+    with pytest.raises(SplitformerError, match=r"^timm Block\.norm1 is RmsNorm, not LayerNorm, the class the reading "
+                                               r"maps there$"):
+        from_timm(vision_transformer.Block(D, HEADS, norm_layer=import_timm("timm.layers").RmsNorm))
+    model = vision_transformer.VisionTransformer(img_size=8, patch_size=4, embed_dim=D, depth=1, num_heads=HEADS,
+                                                 num_classes=3)
+    model.norm = torch.nn.LayerNorm(D, eps=1e-6)
+    with pytest.raises(SplitformerError, match=r"^VisionTransformer\.norm is torch\.nn\.modules\.normalization\."
+                                               r"LayerNorm, not the timm\.layers\.norm\.LayerNorm VisionTransformer "
+                                               r"builds there"):
+        from_timm(model)

@@ -198,8 +198,11 @@ def _check_layout(owner: str, module: Any, parts: dict[str, Any], built: dict[st
             raise SplitformerError(f"{owner}.{path} is missing: {builds} a {library_name(counterpart)} there from this "
                                    "configuration; adapters read the library's module as built")
         if library_class(parts[path]) is not library_class(counterpart):
-            raise SplitformerError(f"{owner}.{path} is {shown_class(parts[path])}, not the {library_name(counterpart)} "
-                                   f"{builds} there from this configuration; adapters read the library's module as built")
+            found, wanted = shown_class(parts[path]), library_name(counterpart)
+            if found == wanted:  # two libraries' classes of one name (torch's LayerNorm, timm's): say whose
+                found, wanted = (f"{type(one).__module__}.{type(one).__qualname__}" for one in (parts[path], counterpart))
+            raise SplitformerError(f"{owner}.{path} is {found}, not the {wanted} {builds} there from this "
+                                   "configuration; adapters read the library's module as built")
 
 
 def _check_tensors(where: str, part: Any, counterpart: Any) -> None:

@@ -370,8 +370,8 @@ def check_parts(owner: str, module: Any, parts: dict[str, str | tuple[str, ...] 
             raise SplitformerError(f"{owner} has no {path} (a {expected}); it is not the library's layout") from None
         names = (expected,) if isinstance(expected, str) else expected or ()
         if names and not runs_one_of(part, names):
-            raise SplitformerError(f"{owner}.{path} is {shown_class(part)}, not {' or '.join(names)}; adapters "
-                                   "read the library's layer as built")
+            raise SplitformerError(f"{owner}.{path} is {shown_class(part)}, not {' or '.join(names)}, the class the "
+                                   "reading maps there")
 
 
 def check_only_parts(owner: str, module: Any, parts: dict[str, str | tuple[str, ...] | None],

@@ -105,8 +105,9 @@ def read_vision_transformer(model: Any) -> Adapted:
         layers.append(read_vit_block(block))
     first = same_configuration("VisionTransformer", layers)
     final = None if runs_one_of(model.norm, ("Identity",)) else final_norm_params("VisionTransformer", model.norm, first)
-    note = ("VisionTransformer: blocks and final norm are mapped; patch embedding, class token, position "
-            "embedding, pooling (and fc_norm) and head are not; to_torch writes the mapped keys only; "
+    note = ("VisionTransformer: blocks and final norm are mapped; patch embedding, class and register tokens, "
+            "position embedding, the norm before the blocks (norm_pre), pooling (and fc_norm) and head are not: "
+            "the stack takes the tokens blocks[0] takes; to_torch writes the mapped keys only; "
             "from_timm(model, network='vit') reads the whole model")
     return Adapted(scheme=first.scheme, activation=first.activation, layers=tuple(a.params for a in layers),
                    n_heads=first.n_heads, eps=first.eps, bias=first.bias, final_norm=final, stack=True,

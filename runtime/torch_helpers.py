@@ -655,3 +655,10 @@ def _floating(dtype):
     if dtype is not None and dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
         raise TypeError(f"dtype must be torch.float16, torch.bfloat16, torch.float32, torch.float64 or None, got {dtype}")
     return dtype
+
+
+def _one_sequence(key_padding_mask, batch: int, device: torch.device, name: str = "key_padding_mask") -> torch.Tensor:
+    """The padding mask ``name`` as a tensor on ``device``, one sequence's (keys,) mask as (1, keys), as torch's layers
+    take it."""
+    mask = _mask_on(name, key_padding_mask, device)
+    return mask[None] if batch == 1 and mask.dim() == 1 else mask

@@ -8,7 +8,7 @@ import weakref
 
 import torch
 
-from .torch_helpers import _check_mask, _in_place, _mask_on, _recorded, _restrict, _shares
+from .torch_helpers import _check_mask, _in_place, _mask_on, _one_sequence, _recorded, _restrict, _shares
 
 
 def _memory(memory: torch.Tensor, batch: int, d: int, like: torch.Tensor) -> torch.Tensor:
@@ -29,8 +29,7 @@ def _memory_support(memory_key_padding_mask: torch.Tensor | None, batch: int, n_
     """The indicator χ_m[b, i, t] of the integral over memory tokens, or None when it is 1 everywhere."""
     if memory_key_padding_mask is None:
         return None
-    mask = _mask_on("memory_key_padding_mask", memory_key_padding_mask, device)
-    mask = mask[None] if batch == 1 and mask.dim() == 1 else mask  # one sequence's (memory tokens,)
+    mask = _one_sequence(memory_key_padding_mask, batch, device, "memory_key_padding_mask")
     if mask.dtype != torch.bool or list(mask.shape) != [batch, n_memory]:
         raise ValueError(f"memory_key_padding_mask must be bool of shape {[batch, n_memory]}"
                          f"{' or [' + str(n_memory) + '] for one sequence' if batch == 1 else ''}, got "

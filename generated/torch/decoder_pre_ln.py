@@ -612,6 +612,13 @@ def _floating(dtype):
     return dtype
 
 
+def _one_sequence(key_padding_mask, batch: int, device: torch.device, name: str = "key_padding_mask") -> torch.Tensor:
+    """The padding mask ``name`` as a tensor on ``device``, one sequence's (keys,) mask as (1, keys), as torch's layers
+    take it."""
+    mask = _mask_on(name, key_padding_mask, device)
+    return mask[None] if batch == 1 and mask.dim() == 1 else mask
+
+
 def _unexpected(params, table):
     """A ValueError naming every name of ``params`` that ``table`` lacks."""
     unknown = sorted(set(params) - set(table), key=str)
@@ -1120,13 +1127,6 @@ class _DerivedStep(torch.autograd.Function):
         return (grad_u, grad_mem, None, None, None, None, *(grads[name] for name in PARAMETERS))
 
 
-def _one_sequence(key_padding_mask, batch: int, device: torch.device, name: str = "key_padding_mask") -> torch.Tensor:
-    """The padding mask ``name`` as a tensor on ``device``, one sequence's (keys,) mask as (1, keys), as torch's layers
-    take it."""
-    mask = _mask_on(name, key_padding_mask, device)
-    return mask[None] if batch == 1 and mask.dim() == 1 else mask
-
-
 def _support(key_padding_mask: torch.Tensor | None, attn_mask: torch.Tensor | None, causal: bool,
              batch: int, n_tokens: int, dtype: torch.dtype, device: torch.device, offset: int = 0,
              padding_name: str = "key_padding_mask", mask_name: str = "src_mask") -> torch.Tensor | None:
@@ -1189,8 +1189,7 @@ def _memory_support(memory_key_padding_mask: torch.Tensor | None, batch: int, n_
     """The indicator χ_m[b, i, t] of the integral over memory tokens, or None when it is 1 everywhere."""
     if memory_key_padding_mask is None:
         return None
-    mask = _mask_on("memory_key_padding_mask", memory_key_padding_mask, device)
-    mask = mask[None] if batch == 1 and mask.dim() == 1 else mask  # one sequence's (memory tokens,)
+    mask = _one_sequence(memory_key_padding_mask, batch, device, "memory_key_padding_mask")
     if mask.dtype != torch.bool or list(mask.shape) != [batch, n_memory]:
         raise ValueError(f"memory_key_padding_mask must be bool of shape {[batch, n_memory]}"
                          f"{' or [' + str(n_memory) + '] for one sequence' if batch == 1 else ''}, got "

@@ -597,6 +597,13 @@ def _floating(dtype):
     return dtype
 
 
+def _one_sequence(key_padding_mask, batch: int, device: torch.device, name: str = "key_padding_mask") -> torch.Tensor:
+    """The padding mask ``name`` as a tensor on ``device``, one sequence's (keys,) mask as (1, keys), as torch's layers
+    take it."""
+    mask = _mask_on(name, key_padding_mask, device)
+    return mask[None] if batch == 1 and mask.dim() == 1 else mask
+
+
 def _unexpected(params, table):
     """A ValueError naming every name of ``params`` that ``table`` lacks."""
     unknown = sorted(set(params) - set(table), key=str)
@@ -1021,13 +1028,6 @@ def _head_width(d_head):
     """Refuse a head width the scheme's formulas do not hold for: rotated in pairs, so even."""
     if d_head % 2:
         raise ValueError(f"rotary position embedding needs an even head width, got d_head = {d_head}")
-
-
-def _one_sequence(key_padding_mask, batch: int, device: torch.device, name: str = "key_padding_mask") -> torch.Tensor:
-    """The padding mask ``name`` as a tensor on ``device``, one sequence's (keys,) mask as (1, keys), as torch's layers
-    take it."""
-    mask = _mask_on(name, key_padding_mask, device)
-    return mask[None] if batch == 1 and mask.dim() == 1 else mask
 
 
 def _support(key_padding_mask: torch.Tensor | None, attn_mask: torch.Tensor | None, causal: bool,

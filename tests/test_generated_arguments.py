@@ -109,6 +109,35 @@ def test_mappings_and_stacks_are_checked(numpy_module):
         numpy_module.forward(torch.zeros(3, 8, dtype=torch.float64, requires_grad=True), params)
 
 
+@pytest.mark.parametrize("name", ["post_ln", "llama"])
+@pytest.mark.parametrize("stack", ["forward_stack", "vjp_stack"])
+def test_a_stack_names_the_bad_layer_before_any_work(name, stack, monkeypatch):
+    """Every layer is checked before the first step runs, and the error names it (the last layer of three in float32,
+    another without a parameter); the control: the same layers run as three steps."""
+    module = import_path(GENERATED / "numpy" / f"{name}.py", f"_stack_checks_{name}")
+    sizes = {"d_kv": 4} if name == "llama" else {}
+    layers, u = [_params(module, seed=seed, **sizes) for seed in range(3)], _u()
+    keywords = {"n_heads": 2, "n_kv_heads": 1} if name == "llama" else {"n_heads": 2}
+    steps = []
+    monkeypatch.setattr(module, "forward", lambda *args, _step=module.forward, **kwargs: steps.append(1) or _step(*args, **kwargs))
+    run = getattr(module, stack)
+    arguments = (u, layers, u) if stack == "vjp_stack" else (u, layers)
+    run(*arguments, **keywords)
+    assert len(steps) == 3
+    first = next(iter(module.PARAMETERS))
+    steps.clear()
+    layers[2] = {**layers[2], first: layers[2][first].astype(np.float32)}
+    with pytest.raises(ValueError, match=rf"^layers\[2\]: u has dtype float64, parameter '{first}' float32$"):
+        run(*arguments, **keywords)
+    layers[1] = {key: value for key, value in layers[1].items() if key != first}
+    with pytest.raises(ValueError, match=rf"^layers\[1\]: missing parameter '{first}'"):
+        run(*arguments, **keywords)
+    layers[0] = 3
+    with pytest.raises(TypeError, match=r"^layers\[0\] must be a mapping of canonical names to arrays, got int$"):
+        run(*arguments, **keywords)
+    assert steps == []
+
+
 def test_the_result_is_never_the_callers_array(numpy_module):
     params, u = _params(numpy_module), _u()
     for result in (numpy_module.forward(u, params), numpy_module.forward_stack(u, [params])):

@@ -470,6 +470,37 @@ def _parameters(params, table, sizes, dtype):
     return arrays
 
 
+def _sizes(d):
+    """The sizes of the parameters' axes that the options fix (checked by ``_options``)."""
+    return {"d": d}
+
+
+def _layer(params, sizes, dtype):
+    """One layer's ``params`` checked against the ``sizes`` of their axes (d_ff read from them and
+    added): arrays of ``dtype`` by canonical name."""
+    sizes["d_ff"] = _hidden_width(params, PARAMETERS, sizes)
+    return _parameters(params, PARAMETERS, sizes, dtype)
+
+
+def _layers(layers, u0, sizes, arguments):
+    """Each of a stack's ``layers`` checked before any work as ``forward`` checks its ``params`` (``arguments``: the
+    call's, which an adapter's reading compares): a list of their arrays by canonical name; an error names the layer."""
+    if isinstance(layers, Mapping) or not hasattr(layers, "__len__"):
+        raise TypeError(f"layers must be a sequence of parameter mappings, got {type(layers).__name__}")
+    if not len(layers):
+        raise ValueError("layers is empty: a stack needs at least one layer")
+    checked = []
+    for index, params in enumerate(layers):
+        params = _mapping(f"layers[{index}]", params)
+        _as_read(params, globals(), arguments)
+        _width(u0, params, PARAMETERS)
+        try:
+            checked.append(_layer(params, dict(sizes), u0.dtype))
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"layers[{index}]: {error}") from None
+    return checked
+
+
 def _parameter(params, name, axes, expected, dtype):
     """``params[name]`` as an array of ``dtype`` and the ``expected`` shape (the sizes of ``axes``, None where
     unknown), or the error naming it."""
@@ -541,9 +572,9 @@ def forward(u, params, *, n_heads=1, eps=1e-5, key_padding_mask=None, causal=Fal
     params = _mapping("params", params)
     _width(u, params, PARAMETERS)
     d_head, eps = _options(d, n_heads, eps, causal)
-    sizes = {"d": d}
-    sizes["d_ff"] = d_ff = _hidden_width(params, PARAMETERS, sizes)
-    p = _parameters(params, PARAMETERS, sizes, u0.dtype)
+    sizes = _sizes(d)
+    p = _layer(params, sizes, u0.dtype)
+    d_ff = sizes["d_ff"]
     norm1_gain = p["norm1.gain"]
     norm1_bias = p["norm1.bias"]
     attn_W_q = p["attn.W_q"]
@@ -689,11 +720,10 @@ def forward_stack(u, layers, *, n_heads=1, eps=1e-5, final_norm=None, key_paddin
     """``len(layers)`` steps of symmetric-parallel, then ``final_norm`` (mapping with ``gain``, ``bias``).
     The scheme's stacks end with that norm: with ``final_norm=None`` none is applied (the torch ``Stack`` takes one).
     """
+    arguments = {name: value for name, value in locals().items() if name != "final_norm"}  # forward's, an adapter's reading compares them
     state = _state(u)
-    if isinstance(layers, Mapping) or not hasattr(layers, "__len__"):
-        raise TypeError(f"layers must be a sequence of parameter mappings, got {type(layers).__name__}")
-    if not len(layers):
-        raise ValueError("layers is empty: a stack needs at least one layer")
+    _options(state.shape[-1], n_heads, eps, causal)
+    layers = _layers(layers, state, _sizes(state.shape[-1]), arguments)
     if final_norm is not None:  # checked before any work
         final_norm = _parameters({f"final_norm.{name}": value for name, value in _mapping("final_norm", final_norm).items()},
                                  FINAL_NORM_PARAMETERS, {"d": state.shape[-1]}, state.dtype)
@@ -1151,9 +1181,7 @@ def vjp(u, params, grad_out, *, n_heads=1, eps=1e-5, key_padding_mask=None, caus
     params = _mapping("params", params)
     _width(u, params, PARAMETERS)
     _, eps = _options(d, n_heads, eps, causal)
-    sizes = {"d": d}
-    sizes["d_ff"] = _hidden_width(params, PARAMETERS, sizes)
-    p = _parameters(params, PARAMETERS, sizes, u0.dtype)
+    p = _layer(params, _sizes(d), u0.dtype)
     seed = _seed(grad_out, u, u0)
     chi = _support(key_padding_mask, causal, batch, n_tokens)
     _, saved = _vjp_forward(u0, p, chi, eps, int(n_heads))
@@ -1167,12 +1195,10 @@ def vjp_stack(u, layers, grad_out, *, n_heads=1, eps=1e-5, final_norm=None, key_
     The costate runs backwards through the final projection and the steps (λⁿ = (∂Φ/∂uⁿ)ᵀ λⁿ⁺¹);
     each step's input is kept, each step's activations are recomputed when its adjoint runs.
     """
+    arguments = {name: value for name, value in locals().items() if name != "final_norm"}  # forward's, an adapter's reading compares them
     state = _state(u)
-    if isinstance(layers, Mapping) or not hasattr(layers, "__len__"):
-        raise TypeError(f"layers must be a sequence of parameter mappings, got {type(layers).__name__}")
-    if not len(layers):
-        raise ValueError("layers is empty: a stack needs at least one layer")
     _, eps = _options(state.shape[-1], n_heads, eps, causal)
+    layers = _layers(layers, state, _sizes(state.shape[-1]), arguments)
     seed = _seed(grad_out, u, state)
     if final_norm is not None:
         named = {f"final_norm.{name}": value for name, value in _mapping("final_norm", final_norm).items()}

@@ -12,6 +12,7 @@ of all its blocks (``_check_causal_masks``).
 
 from __future__ import annotations
 
+import warnings
 from pathlib import PurePath
 from typing import Any
 
@@ -23,7 +24,7 @@ from .adapters import from_hf
 from .adapters.adapted import Adapted
 from .adapters.hf_llama import check_rotary
 from .adapters.as_built import check_as_built
-from .adapters.inspection import check_computation, check_parts, library_name
+from .adapters.inspection import check_computation, check_parts, dropout_rates, library_name
 from .adapters.sharing import check_shared_storage
 from .nn import LanguageModel
 
@@ -143,4 +144,9 @@ def from_hf_lm(model: Any) -> LanguageModel:
     generation = getattr(model, "generation_config", None)  # what transformers' generate ends rows with
     result.eos_token_id = getattr(generation, "eos_token_id", None)
     result.pad_token_id = getattr(generation, "pad_token_id", None)
+    rates = dropout_rates(model)
+    if rates:  # the sources drop where a LanguageModel does not (GPT-2: no dropout after its activation)
+        warnings.warn(f"from_hf_lm: {type(model).__name__}'s dropout (p = {', '.join(map(str, rates))}) is not "
+                      "carried: the LanguageModel drops nothing in training (build one with dropout= to train with one)",
+                      stacklevel=2)
     return result.eval()

@@ -32,12 +32,12 @@ def gpt2(**overrides):
     return _random(transformers.GPT2LMHeadModel(config))
 
 
-def llama(tie=False):
+def llama(tie=False, **overrides):
     torch.manual_seed(0)
     config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=8, intermediate_size=12, num_hidden_layers=2,
                                       num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=16,
                                       rope_theta=500.0, tie_word_embeddings=tie, bos_token_id=0, eos_token_id=0,
-                                      pad_token_id=0)
+                                      pad_token_id=0, **overrides)
     return _random(transformers.LlamaForCausalLM(config))
 
 
@@ -150,6 +150,29 @@ def test_from_hf_reads_a_whole_language_model(make):
     hf.register_forward_hook(lambda *args: None)  # a hook on the model itself is refused, as on a block
     with pytest.raises(SplitformerError, match="has a forward hook"):
         from_hf(hf)
+
+
+def test_a_source_dropout_left_out_is_warned_of_with_its_rates():
+    """A GPT-2 drops at 0.1 and 0.2 where a LanguageModel does not: the reading warns with both rates and the model
+    drops nothing in training; a Llama's functional attention dropout is named too (its block reading notes it);
+    the control: sources without dropout read silently."""
+    import warnings
+
+    from splitformer.adapters import from_hf
+
+    with pytest.warns(UserWarning, match=r"GPT2LMHeadModel's dropout \(p = 0\.1, 0\.2\) is not carried"):
+        model = from_hf_lm(gpt2(resid_pdrop=0.1, embd_pdrop=0.2, attn_pdrop=0.1))
+    tokens = torch.randint(0, VOCAB, (2, 5))
+    model.train()
+    torch.testing.assert_close(model(tokens), model(tokens), rtol=0, atol=0)
+    source = llama(attention_dropout=0.3)
+    with pytest.warns(UserWarning, match=r"LlamaForCausalLM's dropout \(p = 0\.3\) is not carried"):
+        from_hf_lm(source)
+    assert any("dropout (p = 0.3) is not carried" in note for note in from_hf(source.model.layers[0]).notes)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        from_hf_lm(gpt2())
+        from_hf_lm(llama())
 
 
 def test_unsupported_models_are_refused_by_name():

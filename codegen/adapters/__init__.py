@@ -29,7 +29,7 @@ from splitformer.symbolic.errors import SplitformerError
 from .adapted import Adapted
 from .arrays import array, dtype_notes, floating_dtype, source_dtype, torch_floating_dtype
 from .as_built import check_as_built
-from .inspection import check_computation, library_name, runs_one_of
+from .inspection import check_computation, dropout_rates, library_name
 from .hf_vision import AdaptedModel
 from .xtransformers_writer import xtransformers_state
 from .hf_gpt2 import rounded_gelu_notes
@@ -115,7 +115,7 @@ def _dropout_notes(module: Any, adapted: Any) -> tuple[str, ...]:
                "generated Stack runs every layer",) if depth else ()
     if getattr(adapted, "dropout", 0.0) is not None:
         return skipped
-    rates = sorted({part.p for part in module.modules() if runs_one_of(part, ("Dropout",)) and part.p > 0})
+    rates = dropout_rates(module)
     if not rates:
         return skipped
     return (f"the source's dropout (p = {', '.join(map(str, rates))}) is not carried: build() makes a Block "

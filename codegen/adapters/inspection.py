@@ -315,6 +315,15 @@ def runs_one_of(part: Any, names: tuple[str, ...] | frozenset[str]) -> bool:
     return qualified_name(klass) in names or any(base.__name__ in names for base in klass.__mro__ if is_library(base))
 
 
+def dropout_rates(module: Any) -> list[float]:
+    """The nonzero dropout probabilities ``module``'s parts apply in training: their ``Dropout`` modules' and the rates
+    they pass to an attention function themselves (transformers' ``attention_dropout``, Llama's), sorted."""
+    rates = {part.p for part in module.modules() if runs_one_of(part, ("Dropout",))}
+    rates |= {rate for part in module.modules() for rate in [getattr(part, "attention_dropout", None)]
+              if isinstance(rate, (int, float)) and not isinstance(rate, bool)}
+    return sorted(rate for rate in rates if rate > 0)
+
+
 def check_exact_class(owner: str, part: Any, qualified: str) -> None:
     """Refuse ``part`` (named ``owner``) unless its library class is exactly ``qualified`` (``runs_one_of``)."""
     if not runs_one_of(part, (qualified,)):

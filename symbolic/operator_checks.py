@@ -30,23 +30,30 @@ from .trusted_expressions import check_expression
 __all__ = ["check_output", "check_declared", "check_constraints", "check_symbols"]
 
 
-def _known_symbols() -> set[str]:
-    """The names of the symbols the generated code gives a value (variables, sizes, ``eps``, ``rope_theta``)."""
+def _known_symbols() -> set[sp.Symbol]:
+    """The symbols the generated code gives a value (variables, sizes, ``eps``, ``rope_theta``)."""
     from .rotary_attention import ROPE_THETA
 
-    names = {symbol.name for symbol in domains.VARIABLES} | {EPSILON.name, ROPE_THETA.name}
+    symbols = set(domains.VARIABLES) | {EPSILON, ROPE_THETA}
     for domain in vars(domains).values():
         if isinstance(domain, domains.Domain):
-            names |= {symbol.name for symbol in (domain.size, domain.spacing, domain.measure)
-                      if isinstance(symbol, sp.Symbol)}
-    return names
+            symbols |= {symbol for symbol in (domain.size, domain.spacing, domain.measure) if isinstance(symbol, sp.Symbol)}
+    return symbols
+
+
+def _assumptions(symbol: sp.Symbol) -> str:
+    """The assumptions ``symbol`` was made with, as its constructor takes them (``positive=True``; ``none``)."""
+    given = symbol._assumptions_orig  # what the constructor was given, not what SymPy deduced from it
+    return ", ".join(f"{name}={value}" for name, value in sorted(given.items())) or "none"
 
 
 def check_output(parameters: tuple[Parameter, ...], definitions: tuple[Definition, ...], where: str,
                  combiner: bool = False, constants: tuple = (), inputs: tuple = ()) -> None:
     """``SplitformerError`` starting with ``where`` unless every parameter and definition can be emitted
     (a residual ``combiner`` also reads the branch output ``BRANCH``; a definition may read the kind's declared
-    ``constants``, keyword arguments of the emitted code, and its declared ``inputs``, fields it reads)."""
+    ``constants``, keyword arguments of the emitted code, and its declared ``inputs``, fields it reads), every declared
+    constant is read (as the very symbol declared: one of another name's assumptions prints alike but is another), and
+    the last definition, the output, is on the state's (x, y)."""
     functions = {STATE, SUPPORT} | {field.name for field in inputs} | ({BRANCH} if combiner else set())
     arities = {field.name: len(field.arguments) for field in inputs}  # how many arguments each function takes
     for parameter in parameters:
@@ -56,8 +63,8 @@ def check_output(parameters: tuple[Parameter, ...], definitions: tuple[Definitio
         _library_objects(parameter, f"{where}: parameter {parameter.name!r}")
         functions.add(parameter.function)
         arities[parameter.function] = len(parameter.arguments)
-    known = _known_symbols() | {constant.symbol.name for constant in constants if isinstance(constant, Constant)
-                                and type(constant.symbol) is sp.Symbol}
+    declared = {constant.symbol for constant in constants if isinstance(constant, Constant) and type(constant.symbol) is sp.Symbol}
+    known = {symbol.name: symbol for symbol in _known_symbols() | declared}
     for definition in definitions:
         check_identifier(definition.function, f"{where}: definition function")
         what = f"{where}: definition {definition.function!r}"
@@ -72,6 +79,13 @@ def check_output(parameters: tuple[Parameter, ...], definitions: tuple[Definitio
             raise SplitformerError(f"{what}: the symbol {unknown[0][:64]!r} is neither a continuous variable nor a "
                                    "size, eps, rope_theta or a declared constant; the generated code would have no "
                                    "value for it")
+        other = sorted((symbol for symbol in definition.rhs.atoms(sp.Symbol) if known[symbol.name] != symbol), key=str)
+        if other:  # one name, two SymPy symbols: the code would print one name, the checks evaluate the declared one
+            symbol = other[0]
+            raise SplitformerError(f"{what}: reads a symbol {symbol.name!r} made with the assumptions "
+                                   f"{_assumptions(symbol)}, but the declared {symbol.name!r} has "
+                                   f"{_assumptions(known[symbol.name])}: they are two SymPy symbols; read the declared "
+                                   "Symbol object itself")
         applied = sorted(type(call).__name__ for call in definition.rhs.atoms(AppliedUndef)
                          if type(call).__name__ not in functions)
         undeclared = [name for name, field in _INPUT_FIELDS.items() if field.name in applied]
@@ -90,6 +104,17 @@ def check_output(parameters: tuple[Parameter, ...], definitions: tuple[Definitio
                                    f"{arities[name]}")
         functions.add(definition.function)
         arities[definition.function] = len(definition.arguments)
+    read = set().union(*(definition.rhs.free_symbols for definition in definitions))
+    unread = sorted(symbol.name for symbol in declared - read)
+    if unread:
+        raise SplitformerError(f"{where}: declares the constant {unread[0]!r}, but no definition reads it: the emitted "
+                               f"keyword argument {unread[0]}= would change nothing")
+    output = definitions[-1]
+    if tuple(output.arguments) != (domains.X, domains.Y):
+        on = ", ".join(str(variable.symbol) for variable in output.arguments)
+        raise SplitformerError(f"{where}: its last definition, {output.function!r}, is its output, but it is on ({on}): "
+                               "a block step's operator is a field of the state u(x, y); end definitions() with its "
+                               "value on (x, y)")
 
 
 #: The input fields a kind may declare, by the names it imports them as.

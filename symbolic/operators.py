@@ -145,10 +145,10 @@ class Operator:
     discretization: ClassVar[str] = ""
 
     def parameters(self) -> tuple[Parameter, ...]:
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} defines no parameters() (return () for none)")
 
     def definitions(self) -> tuple[Definition, ...]:
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} defines no definitions() (the last is its output)")
 
     def key_latex(self) -> str:
         escaped = self.key.replace("_", r"\_")
@@ -412,6 +412,12 @@ def register_operator(cls: type[Operator]) -> type[Operator]:
     kind = getattr(cls, "kind", None)
     if type(kind) is not str or not kind:  # exact: a str subclass can print other text
         raise SplitformerError(f"register_operator: {cls.__name__} has no 'kind' name")
+    if "kind" not in vars(cls):  # a subclass of a registered kind that forgot its own name
+        raise SplitformerError(f"register_operator: {cls.__name__} sets no kind of its own (it inherits {kind!r}); "
+                               "give it one: kind = \"my-kind\"")
+    if issubclass(cls, ProjectionOperator) and not isinstance(getattr(cls, "constraints", None), ConstraintSet):
+        raise SplitformerError(f"register_operator: {cls.__name__} is a ProjectionOperator without its constraint set "
+                               "(constraints = ConstraintSet(...): the projection is derived from it)")
     if len(kind) > 64 or not re.fullmatch(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*", kind):
         raise SplitformerError(f"register_operator: {cls.__name__}.kind {kind[:64]!r} is not a kind name "
                                "(lower-case words joined by '-', at most 64 characters)")

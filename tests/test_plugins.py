@@ -497,3 +497,97 @@ def test_a_plugin_edited_after_it_was_loaded_warns_when_loaded_again(tmp_path):
     path.write_text("VALUE = 2\n", encoding="utf-8")
     with pytest.warns(UserWarning, match="changed since this process loaded it"):
         assert splitformer.load_plugin(path) is first and first.VALUE == 1
+
+
+def _attention_kind(kind: str, constants=(), edit=lambda definitions: definitions):
+    """A registered ``Attention`` subclass named ``kind`` declaring ``constants``, its definitions through ``edit``."""
+    from dataclasses import dataclass
+
+    from splitformer.symbolic.operators import Attention, register_operator
+
+    @dataclass(frozen=True)
+    class Edited(Attention):
+        def definitions(self):
+            return edit(super().definitions())
+
+    Edited.kind, Edited.constants = kind, constants
+    if kind not in splitformer.symbolic.kinds.OPERATOR_KINDS:
+        register_operator(Edited)
+    return kind
+
+
+def _scaled_scores(symbol):
+    """The scores ``a`` divided by ``symbol``."""
+    def edit(definitions):
+        return tuple(d if d.function != "a" else type(d)(d.function, d.latex, d.arguments, d.rhs / symbol, d.meaning,
+                                                        d.absorbs) for d in definitions)
+    return edit
+
+
+T = sp.Symbol("T")
+
+
+@pytest.mark.parametrize("kind, constants, edit, message", [
+    ("qa-unread-constant", "T", lambda definitions: definitions,
+     r"declares the constant 'T', but no definition reads it: the emitted keyword argument T= would change nothing"),
+    ("qa-other-symbol", "T", _scaled_scores(sp.Symbol("T", positive=True)),
+     r"definition 'a': reads a symbol 'T' made with the assumptions positive=True, but the declared 'T' has none"),
+    ("qa-output-off-the-state", "", lambda definitions: definitions[:-1],
+     r"its last definition, 'o', is its output, but it is on \(x, h, e\): .* end definitions\(\) with its value on "
+     r"\(x, y\)"),
+    ("qa-constant-read", "T", _scaled_scores(T), None),
+], ids=["constant-unread", "constant-of-other-assumptions", "output-off-the-state", "control"])
+def test_a_kind_whose_constants_or_output_its_code_cannot_honour_is_refused(kind, constants, edit, message):
+    """A plug-in author's findings (s45): a declared constant no formula read was emitted as a keyword argument
+    that changed nothing (``check`` passed all 51 checks); a formula reading ``Symbol("T", positive=True)`` where
+    ``Symbol("T")`` was declared derived (the printer prints names) and ``check`` crashed with ``KeyError: T``; a
+    kind without ``out`` had its last definition, on (x, h, e), added to the state and the forward failed in
+    NumPy's broadcasting. Each is refused when the scheme is read; the control, the constant read, derives."""
+    from splitformer.symbolic.inputs import Constant
+
+    declared = (Constant(T, 2.0, "a temperature"),) if constants else ()
+    text = f'name = "s"\nsummary = "s"\n[operators]\nf = "{_attention_kind(kind, declared, edit)}"\n' \
+           '[[steps]]\noperator = "f"\nsolver = "explicit"\n'
+    if message is None:
+        splitformer.derive(splitformer.parse_scheme(text))
+        return
+    with pytest.raises(splitformer.SplitformerError, match=message):
+        splitformer.parse_scheme(text)
+
+
+def test_a_malformed_kind_is_refused_naming_what_it_lacks():
+    """A plug-in author's findings (s45): a subclass that forgot ``kind`` was told the inherited kind "is already
+    registered"; an ``Operator`` without ``definitions()`` failed with an empty ``NotImplementedError``; a
+    ``ProjectionOperator`` without ``constraints`` registered and failed at use with an ``AttributeError``."""
+    from dataclasses import dataclass
+    from typing import ClassVar
+
+    from splitformer.symbolic.operators import Attention, Operator, ProjectionOperator, register_operator
+
+    @dataclass(frozen=True)
+    class Unnamed(Attention):
+        pass
+
+    with pytest.raises(splitformer.SplitformerError, match=r"Unnamed sets no kind of its own \(it inherits "
+                                                           r"'attention'\); give it one"):
+        register_operator(Unnamed)
+
+    @dataclass(frozen=True)
+    class Unconstrained(ProjectionOperator):
+        kind: ClassVar[str] = "qa-unconstrained"
+        symbol: ClassVar[str] = "P"
+
+    with pytest.raises(splitformer.SplitformerError, match="Unconstrained is a ProjectionOperator without its "
+                                                           "constraint set"):
+        register_operator(Unconstrained)
+
+    @dataclass(frozen=True)
+    class Bare(Operator):
+        kind: ClassVar[str] = "qa-bare"
+        symbol: ClassVar[str] = "B"
+
+    if Bare.kind not in splitformer.symbolic.kinds.OPERATOR_KINDS:
+        register_operator(Bare)
+    with pytest.raises(splitformer.SplitformerError, match=r"NotImplementedError: Bare defines no parameters\(\)"):
+        splitformer.parse_scheme('name = "s"\nsummary = "s"\n[operators]\nf = "qa-bare"\n[[steps]]\noperator = "f"\n'
+                                 'solver = "explicit"\n')

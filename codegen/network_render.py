@@ -10,7 +10,6 @@ is in ``_COMPOSITIONS``.
 from __future__ import annotations
 
 from splitformer.symbolic import __version__
-from splitformer.symbolic.errors import SplitformerError
 from splitformer.symbolic.adjoint import derive_adjoint
 from splitformer.symbolic.network_program import NetworkProgram
 from splitformer.symbolic.network_spec import network_derive_argument, network_fingerprint
@@ -35,34 +34,12 @@ def _head(parameters: list[dict]) -> dict:
     return _table("HEAD_PARAMETERS", "The readout's parameters (``logits``).", parameters, head=True)
 
 
-#: The sizes a token network gives each step (its ``_checked`` and its torch Model), besides the batch and tokens.
-_STEP_SIZES = {"d", "d_ff", "n_heads", "d_head"}
-
-
-def _check_step(program: NetworkProgram, step: dict) -> None:
-    """A token network feeds each step all its tokens and nothing else, with the sizes ``_STEP_SIZES``: a step scheme
-    that reads more (positions, a memory, a cache) or sizes a parameter otherwise is refused in one line (a causal
-    one is refused as its file is read)."""
-    scheme = program.spec.scheme
-    unset = sorted({axis for p in step["parameters"] for axis in p["shape"] if isinstance(axis, str)} - _STEP_SIZES)
-    reads = [what for what, present in (("token positions", step["positions"] or step["half_width"]),
-                                        ("a memory", step["memory"]), ("a key/value cache", step["cached"]),
-                                        ("a second state across layers (a stream)", step["stream"]),
-                                        (", ".join(step["keywords"]), step["keywords"])) if present]
-    problem = f"reads {reads[0]}" if reads else f"sizes a parameter by {unset[0]}" if unset else ""
-    if problem:
-        raise SplitformerError(f"network {program.spec.name!r}: its steps' scheme {scheme.name!r} {problem}; a token "
-                               "network feeds each step all its tokens and nothing else, with the sizes "
-                               f"{', '.join(sorted(_STEP_SIZES))}")
-
-
 def _token(program: NetworkProgram, programs: dict, backend: str, passes) -> dict:
     """ViT-like networks: the embedding and readout programs, the step and final projection as blocks' (each with
     its derived backward)."""
     embedding, readout = programs["embedding"]["run"]["parameters"], programs["readout"]["run"]["parameters"]
     blocks = program.blocks
     step = unit_context(lower(blocks["step"], passes), backend)
-    _check_step(program, step)
     final = unit_context(lower(blocks["final"], passes), backend) if "final" in blocks else None
     units = {name: backward_context(lower_adjoint(derive_adjoint(block), passes), backend)
              for name, block in blocks.items()}

@@ -662,3 +662,15 @@ def _one_sequence(key_padding_mask, batch: int, device: torch.device, name: str 
     take it."""
     mask = _mask_on(name, key_padding_mask, device)
     return mask[None] if batch == 1 and mask.dim() == 1 else mask
+
+
+def _as_tensor(name, value):
+    """``value`` (an array, a tensor, numbers) as a tensor, or the ValueError naming parameter ``name``; a NumPy array
+    of the other byte order (``>f8``, which ``torch.as_tensor`` refuses) is read in this machine's first."""
+    dtype = getattr(value, "dtype", None)
+    if getattr(dtype, "isnative", True) is False:
+        value = value.astype(dtype.newbyteorder("="))
+    try:
+        return torch.as_tensor(value)
+    except (TypeError, ValueError, RuntimeError):
+        raise ValueError(f"parameter {name!r} is not a numeric array") from None

@@ -5,7 +5,7 @@ canonical names, checked before any work, loaded all or nothing (``_Network``). 
 import torch
 
 from .checks import _as_read, _mapping
-from .torch_helpers import _loads_finite
+from .torch_helpers import _as_tensor, _loads_finite
 
 
 def _group(module, table, sizes, factory):
@@ -83,10 +83,7 @@ class _Network(torch.nn.Module):
         for name, target in own.items():
             if name not in params:
                 raise ValueError(f"missing parameter {name!r} of shape {tuple(target.shape)}")
-            try:
-                value = torch.as_tensor(params[name])
-            except (TypeError, ValueError, RuntimeError):
-                raise ValueError(f"parameter {name!r} is not a numeric array") from None
+            value = _as_tensor(name, params[name])
             if value.dtype == torch.bool or value.is_complex():
                 raise ValueError(f"parameter {name!r} has dtype {value.dtype}, expected a real floating type")
             if tuple(value.shape) != tuple(target.shape):

@@ -355,14 +355,37 @@ def parse_network(text: str, where: str, folder: Path | None = None) -> NetworkS
     return TokenNetworkSpec(*_identity(document, where), embedding, scheme, final_norm, readout)
 
 
+#: The sizes a token network gives each step (its ``_checked`` and its torch Model), besides the batch and tokens.
+STEP_SIZES = ("d", "d_ff", "d_head", "n_heads")
+
+
 def _one_layer_at_a_time(scheme: Scheme, where: str) -> Scheme:
-    if scheme.causal:  # what else a step may not read shows once it is lowered (network_render._check_step)
-        raise SplitformerError(f"{where}: steps.scheme: {scheme.name!r} is causal; a token network feeds each step "
-                               "all its tokens, unmasked")
+    """``scheme`` unless a token network cannot step with it: a step is fed all the tokens, unmasked, and nothing else
+    (no positions, memory, keyword constants or second state), one layer at a time, its parameters sized by
+    ``STEP_SIZES`` alone, and has a parameter to count layers by."""
+    def refused(problem: str) -> SplitformerError:
+        return SplitformerError(f"{where}: steps.scheme: {scheme.name!r} {problem}; a token network feeds each step "
+                                f"all its tokens and nothing else, with the sizes {', '.join(STEP_SIZES)}")
+
+    if scheme.causal:
+        raise refused("is causal (a step sees its tokens unmasked)")
     if scheme.across_layers is not None:
         raise SplitformerError(f"{where}: steps.scheme: {scheme.name!r} combines its layers "
                                f"({scheme.across_layers.method} across layers); a network steps one layer at a time")
+    if scheme.streams:
+        raise refused("reads a second state across layers (a stream)")
     operators = scheme.instantiate()
+    for key, operator in operators.items():
+        reads = [{"positions": "token positions"}.get(field.role, f"a {field.role}") for field in operator.input_fields
+                 if operator.reads_input(field.name)]
+        reads += [f"the keyword argument {constant.symbol.name}" for constant in operator.constants]
+        if reads:
+            raise refused(f"reads {reads[0]} (operator {key!r})")
+        sizes = sorted({domain.code_name for parameter in operator.parameters() for domain in parameter.shape}
+                       - set(STEP_SIZES), key=str)
+        if sizes:
+            option = f", set by its d_head = {operator.d_head}" if getattr(operator, "d_head", None) else ""
+            raise refused(f"sizes a parameter of operator {key!r} by {sizes[0]}{option}")
     if not scheme.step_controls() and not any(operator.parameters() for operator in operators.values()):
         raise SplitformerError(f"{where}: steps.scheme: {scheme.name!r} has no parameter; a token network counts its "
                                "layers by their parameters (layers.N.…), so its step needs one (a projection "

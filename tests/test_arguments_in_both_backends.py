@@ -57,9 +57,12 @@ def test_unknown_parameter_names_are_refused_in_both_backends(extra, named):
     params, u = {**_params(numpy_module), **extra}, _u()
     expected = f"unexpected {named} (expected: {', '.join(numpy_module.PARAMETERS)})"
     assert _message(ValueError, lambda: numpy_module.forward(u, params, n_heads=2)) == expected
-    assert _message(ValueError, lambda: numpy_module.forward_stack(u, [_params(numpy_module), params], n_heads=2)) == expected
     assert _message(ValueError, lambda: numpy_module.vjp(u, params, u, n_heads=2)) == expected
     assert _message(ValueError, lambda: _block("post_ln").load_params(params)) == expected
+    layers = [_params(numpy_module), params]  # a stack names the layer
+    assert _message(ValueError, lambda: numpy_module.forward_stack(u, layers, n_heads=2)) == f"layers[1]: {expected}"
+    stack = torch_module.Stack(2, 8, 2, 12, dtype=torch.float64)
+    assert _message(ValueError, lambda: stack.load_params(layers)) == f"layers[1]: {expected}"
 
 
 def test_an_unknown_final_norm_name_is_refused_in_both_backends(monkeypatch):

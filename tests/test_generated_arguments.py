@@ -313,6 +313,28 @@ def test_big_endian_arrays_are_read_as_the_numbers_they_hold(numpy_module):
     assert np.array_equal(network.forward(x.astype(">f8"), net_params), network.forward(x, net_params))
 
 
+def test_big_endian_parameters_load_into_torch_modules(numpy_module, torch_module):
+    """A tester's finding (s45): torch's ``load_params`` refused big-endian arrays as "not a numeric array"
+    (``torch.as_tensor`` takes native byte order only), where the NumPy modules read them. A Block, a Stack and a
+    network Model load them as the numbers they hold; control: a mapping of strings is still refused."""
+    params, u = _params(numpy_module), torch.from_numpy(_u())
+    swapped = {name: value.astype(">f8") for name, value in params.items()}
+    block, native = (torch_module.Block(8, 2, 12, dtype=torch.float64).load_params(p) for p in (swapped, params))
+    assert torch.equal(block(u), native(u))
+    stack = torch_module.Stack(2, 8, 2, 12, dtype=torch.float64).load_params([swapped, params])
+    assert torch.equal(stack(u), native(native(u)))
+    network = import_path(GENERATED / "torch" / "resnet_block.py")
+    rng = np.random.default_rng(0)
+    net_params = {name: rng.random(tuple(3 if isinstance(axis, str) else axis for axis in axes)) + 0.5
+                  for name, axes in network.PARAMETERS.items()}
+    model = network.Model(3, 3, dtype=torch.float64)
+    x = torch.from_numpy(rng.standard_normal((2, 3, 5, 5)))
+    expected = model.load_params(net_params)(x)
+    assert torch.equal(model.load_params({name: value.astype(">f8") for name, value in net_params.items()})(x), expected)
+    with pytest.raises(ValueError, match=r"^parameter 'attn.W_q' is not a numeric array$"):
+        block.load_params({**params, "attn.W_q": np.array([["a"]])})
+
+
 @pytest.mark.parametrize("network", [False, True], ids=["block", "network"])
 def test_a_parameter_beyond_the_modules_range_is_refused_not_loaded_as_inf(torch_module, network):
     """A tester's finding: a float64 1e6 loaded into a float16 module became inf silently (a NumPy module refuses any

@@ -383,7 +383,7 @@ def test_a_vit_stepping_another_encoder_scheme_runs_and_is_checked(tmp_path, sch
     ("decoder", "steps.scheme: 'decoder' is causal"),
     (_ATTENTION_ONLY.replace('attn = "attention"', 'attn = "rotary-attention"'), "reads token positions"),
     (_ATTENTION_ONLY.replace('attn = "attention"', 'attn = { kind = "attention", d_head = 3 }'),
-     "sizes a parameter by d_inner"),
+     "sizes a parameter of operator 'attn' by d_inner, set by its d_head = 3"),
     (_ATTENTION_ONLY.replace('attn = "attention"', 'attn = { kind = "scored-attention", rel_pos_bias = "bidirectional",'
                                                    ' max_distance = 16 }'), "reads token positions"),
     (_ATTENTION_ONLY.replace('on = "norm1"', 'on = "norm1"\nstream = true'), "a second state across layers"),

@@ -720,7 +720,8 @@ def test_the_inliner_keeps_a_modules_own_definition_and_places_each_runtime_modu
     assert _defined(own) == ["_einsum", "f"]
     body = "class Model(_Network):\n    pass\n\n\ndef f(m):\n    return _softmax(m, None)\n"
     source = inline_runtime(_module(body, "torch", ("torch_helpers", "checks", "torch_parameters")), "torch")
-    assert _defined(source) == ["_allowed", "_softmax", "_dropout", "_loads_finite", "_as_read", "_mapping", "f"]  # each at its mark
+    assert _defined(source) == ["_allowed", "_softmax", "_dropout", "_loads_finite", "_as_tensor", "_as_read",
+                                "_mapping", "f"]  # each at its mark
     assert source.index("def _mapping") < source.index("class _Network") < source.index("class Model")
 
 

@@ -586,6 +586,18 @@ def _one_sequence(key_padding_mask, batch: int, device: torch.device, name: str 
     return mask[None] if batch == 1 and mask.dim() == 1 else mask
 
 
+def _as_tensor(name, value):
+    """``value`` (an array, a tensor, numbers) as a tensor, or the ValueError naming parameter ``name``; a NumPy array
+    of the other byte order (``>f8``, which ``torch.as_tensor`` refuses) is read in this machine's first."""
+    dtype = getattr(value, "dtype", None)
+    if getattr(dtype, "isnative", True) is False:
+        value = value.astype(dtype.newbyteorder("="))
+    try:
+        return torch.as_tensor(value)
+    except (TypeError, ValueError, RuntimeError):
+        raise ValueError(f"parameter {name!r} is not a numeric array") from None
+
+
 def _unexpected(params, table):
     """A ValueError naming every name of ``params`` that ``table`` lacks."""
     unknown = sorted(set(params) - set(table), key=str)
@@ -1043,10 +1055,7 @@ def _checked(module, table, params, bias):
             if _KINDS[name] == "bias" and not bias:
                 continue
             raise ValueError(f"missing parameter {name!r} of shape {tuple(target.shape)}")
-        try:
-            value = torch.as_tensor(params[name])
-        except (TypeError, ValueError, RuntimeError):
-            raise ValueError(f"parameter {name!r} is not a numeric array") from None
+        value = _as_tensor(name, params[name])
         if value.dtype == torch.bool or value.is_complex():
             raise ValueError(f"parameter {name!r} has dtype {value.dtype}, expected a real floating type")
         if tuple(value.shape) != tuple(target.shape):
@@ -1376,7 +1385,12 @@ class Stack(_CanonicalModule):
             layers = [first]
         if (final_norm is not None) != self.has_final_norm:
             raise ValueError("final_norm parameters must be given exactly when the stack has a final norm")
-        checked = [(block, _checked(block, PARAMETERS, params, block.bias)) for block, params in zip(self.layers, layers)]
+        checked = []
+        for index, (block, params) in enumerate(zip(self.layers, layers)):
+            try:
+                checked.append((block, _checked(block, PARAMETERS, params, block.bias)))
+            except (TypeError, ValueError) as error:  # named as NumPy's forward_stack names it
+                raise type(error)(f"layers[{index}]: {error}") from None
         if final_norm is not None:
             final_norm = _mapping("final_norm", final_norm)
             checked.append((self, _checked(self, FINAL_NORM_PARAMETERS,

@@ -533,6 +533,18 @@ def _floating(dtype):
     return dtype
 
 
+def _as_tensor(name, value):
+    """``value`` (an array, a tensor, numbers) as a tensor, or the ValueError naming parameter ``name``; a NumPy array
+    of the other byte order (``>f8``, which ``torch.as_tensor`` refuses) is read in this machine's first."""
+    dtype = getattr(value, "dtype", None)
+    if getattr(dtype, "isnative", True) is False:
+        value = value.astype(dtype.newbyteorder("="))
+    try:
+        return torch.as_tensor(value)
+    except (TypeError, ValueError, RuntimeError):
+        raise ValueError(f"parameter {name!r} is not a numeric array") from None
+
+
 # --- argument checks: a ValueError or TypeError naming the argument, before any work ---
 _LARGEST_FLOAT = 1.7976931348623157e308  # sys.float_info.max
 
@@ -726,10 +738,7 @@ class _Network(torch.nn.Module):
         for name, target in own.items():
             if name not in params:
                 raise ValueError(f"missing parameter {name!r} of shape {tuple(target.shape)}")
-            try:
-                value = torch.as_tensor(params[name])
-            except (TypeError, ValueError, RuntimeError):
-                raise ValueError(f"parameter {name!r} is not a numeric array") from None
+            value = _as_tensor(name, params[name])
             if value.dtype == torch.bool or value.is_complex():
                 raise ValueError(f"parameter {name!r} has dtype {value.dtype}, expected a real floating type")
             if tuple(value.shape) != tuple(target.shape):

@@ -472,7 +472,7 @@ def _study_command(commands) -> None:
 
 
 def _study(arguments: argparse.Namespace) -> str:
-    from .output import as_folder, check_files, check_writable
+    from .output import as_folder, check_files, check_writable, held_alone
     from .study import FILES, RUNS, SEQUENCES, Budget, study
     from .study_runs import RunStore
 
@@ -491,16 +491,17 @@ def _study(arguments: argparse.Namespace) -> str:
                                                          "threads", "lr")}
     budget = Budget(**{name: value for name, value in given.items() if value is not None})
     runs = RunStore(out / RUNS, arguments.task, root=out, force=arguments.force)
-    try:
-        result = study(arguments.schemes, arguments.task, budget, runs=runs)
-    except KeyboardInterrupt:
-        if runs.finished:
-            _clear_progress_line()
-            many = len(runs.finished) > 1
-            _stderr_line(f"{len(runs.finished)} finished run{'s' * many} kept in {runs.folder}: the same command "
-                         f"takes {'them' if many else 'it'} up")
-        raise
-    paths = result.write(out, force=arguments.force)
+    with held_alone(out, "--out"):  # two studies in one folder: the second is refused, not interleaved with the first
+        try:
+            result = study(arguments.schemes, arguments.task, budget, runs=runs)
+        except KeyboardInterrupt:
+            if runs.finished:
+                _clear_progress_line()
+                many = len(runs.finished) > 1
+                _stderr_line(f"{len(runs.finished)} finished run{'s' * many} kept in {runs.folder}: the same command "
+                             f"takes {'them' if many else 'it'} up")
+            raise
+        paths = result.write(out, force=arguments.force)
     _stderr_line("wrote " + ", ".join(str(path) for path in paths))  # stdout holds the table alone, as compare's
     return result.as_markdown()
 

@@ -36,7 +36,7 @@ from pathlib import Path
 from splitformer.symbolic.errors import SplitformerError
 from splitformer.symbolic.file_kinds import open_regular
 
-__all__ = ["write_files", "check_files", "as_folder", "check_target", "check_replaceable", "resolved_inside", "MARKER",
+__all__ = ["write_files", "check_files", "as_folder", "held_alone", "check_target", "check_replaceable", "resolved_inside", "MARKER",
            "PACKAGE_INIT", "PLOTS_HINT", "check_writable", "JSON_GENERATOR"]
 
 #: Every file splitformer writes says so near its top (module docstrings, package files, reports).
@@ -172,6 +172,38 @@ def check_writable(folder: Path, what: str) -> None:
             pass
     except OSError as error:
         raise SplitformerError(f"{what}: cannot write in {_shown(place)}: {error.strerror or error}") from None
+
+
+@contextmanager
+def held_alone(folder: Path, what: str):
+    """Hold ``folder`` (made if missing, removed again if this left it empty) for this process while the block runs:
+    another splitformer process asking for it is refused in one line, not left to replace this one's files with its
+    own. An advisory ``flock`` on the folder itself (no lock file); none where the platform has no ``fcntl``."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: unlocked, as before
+        yield
+        return
+    made = not folder.exists()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        descriptor = os.open(folder, os.O_RDONLY)
+    except OSError as error:
+        raise SplitformerError(f"{what}: cannot make {_shown(folder)}: {error.strerror or error}") from None
+    try:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise SplitformerError(f"{what}: another splitformer process is writing in {_shown(folder)}; wait for it "
+                                   "to end or give another folder") from None
+        yield
+    finally:
+        os.close(descriptor)
+        if made:
+            try:
+                folder.rmdir()  # only if empty: a study that failed before writing leaves nothing behind
+            except OSError:
+                pass
 
 
 def as_folder(folder: object, what: str) -> Path:

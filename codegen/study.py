@@ -29,7 +29,7 @@ import statistics
 import sys
 import time
 import types
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +41,7 @@ from splitformer.symbolic.markdown import inert
 from splitformer.symbolic.names import check_distinct
 from splitformer.symbolic.operators import OPERATOR_KINDS
 from splitformer.symbolic.plugins import plugin_file
+from splitformer.symbolic.scheme import Scheme
 
 from .output import JSON_GENERATOR, as_folder, check_replaceable, write_files
 from .study_runs import Run, RunStore, json_numbers, run_key
@@ -88,6 +89,10 @@ class Budget:
     def __post_init__(self) -> None:
         if isinstance(self.lr, numbers.Real) and not isinstance(self.lr, bool):  # a Fraction, NumPy's float32: as float
             object.__setattr__(self, "lr", float(self.lr))
+        for entry in fields(self):  # NumPy's integers (np.int64(3)) as int
+            value = getattr(self, entry.name)
+            if entry.type == "int" and isinstance(value, numbers.Integral) and not isinstance(value, bool):
+                object.__setattr__(self, entry.name, int(value))
 
     def check(self) -> None:
         for name in ("steps", "seeds", "d_model", "n_heads", "n_layers", "d_ff", "batch", "tokens", "eval_batches",
@@ -558,6 +563,9 @@ def study(schemes: list, task: str = "chars", budget: Budget = Budget(),
 
     if task not in TASKS:
         raise SplitformerError(f"unknown task {task!r}; choose {' or '.join(TASKS)}")
+    if isinstance(schemes, (str, os.PathLike, Scheme)):  # one scheme, not a sequence of its letters
+        raise SplitformerError(f"schemes: expected a list of schemes, got one {type(schemes).__name__}: "
+                               f"study([{schemes!r}], ...)")
     if not schemes:
         raise SplitformerError("give at least one scheme")
     if task in SEQUENCES:  # ``tokens`` is chars' sequence length; the others have their own, recorded as trained

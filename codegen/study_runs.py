@@ -64,7 +64,9 @@ def run_key(module, task: str, budget, d_ff: int, seed: int, training: str) -> s
         import sklearn
 
         versions.append(sklearn.__version__)
-    fields = {"source": source, "task": task, "budget": asdict(budget), "d_ff": d_ff, "seed": seed,
+    sizes = {name: value for name, value in asdict(budget).items() if name != "seeds"}  # a run is one seed's: more
+    # seeds (--seeds 3 after 2) take up the runs kept
+    fields = {"source": source, "task": task, "budget": sizes, "d_ff": d_ff, "seed": seed,
               "versions": versions, "training": training, "default_dtype": str(torch.get_default_dtype())}
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode("utf-8")).hexdigest()
 

@@ -138,3 +138,55 @@ def test_torchs_default_dtype_and_the_training_code_are_in_the_key(tmp_path, tra
     monkeypatch.setattr(study_module, "_training_source", lambda: "edited")
     study(["pre-ln"], "chars", budget, runs=runs)
     assert len(trained) == 3
+
+
+def test_more_seeds_take_up_the_runs_of_the_seeds_kept(tmp_path, trainings):
+    """A tester's finding (s45): ``--seeds 3`` after ``--seeds 2`` trained all six runs again, though each run is one
+    seed's and came out the same; the number of seeds is not in a run's key (control: another step count is)."""
+    _, trained = trainings
+    runs = tmp_path / "runs"
+    study(["pre-ln"], "chars", TINY, runs=runs)
+    assert [seed for _, seed in trained] == [0, 1]
+    study(["pre-ln"], "chars", replace(TINY, seeds=3), runs=runs)
+    assert [seed for _, seed in trained] == [0, 1, 2]
+    study(["pre-ln"], "chars", replace(TINY, seeds=3, steps=4), runs=runs)
+    assert [seed for _, seed in trained] == [0, 1, 2, 0, 1, 2]
+
+
+def test_a_second_study_into_a_folder_in_use_is_refused(tmp_path, capsys, monkeypatch):
+    """A tester's finding (s45): two studies writing into one ``--out`` at once both exited 0, each file the last
+    writer's (the table of one, the runs of the other). The second is refused while the first holds the folder (here:
+    this process holds its lock as a running study would); control: the folder released, the study runs."""
+    import fcntl
+    import os
+
+    monkeypatch.setattr(study_module, "_train", lambda *_: pytest.fail("trained in a folder another study holds"))
+    out = tmp_path / "out"
+    out.mkdir()
+    arguments = ["study", "pre-ln", "--steps", "1", "--seeds", "1", "--d-model", "8", "--layers", "1", "--batch", "2",
+                 "--tokens", "8", "--out", str(out)]
+    held = os.open(out, os.O_RDONLY)
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert main(arguments) == 2
+    finally:
+        os.close(held)
+    err = capsys.readouterr().err
+    assert "--out: another splitformer process is writing in" in err and err.count("\n") == 1
+    assert list(out.iterdir()) == []
+    monkeypatch.undo()
+    assert main(arguments) == 0
+    assert (out / "study.json").is_file()
+
+
+def test_budgets_take_numpys_integers_and_a_single_scheme_is_refused_by_name():
+    """A tester's findings (s45): ``Budget(seeds=np.int64(1))`` was refused as not a positive integer, and
+    ``study("pre-ln")`` read the name letter by letter ("unknown scheme 'p'")."""
+    import numpy as np
+
+    budget = Budget(seeds=np.int64(2), steps=np.int32(5))
+    assert budget.seeds == 2 and type(budget.seeds) is int and type(budget.steps) is int
+    budget.check()
+    with pytest.raises(SplitformerError, match=r"schemes: expected a list of schemes, got one str: "
+                                               r"study\(\['pre-ln'\], \.\.\.\)"):
+        study("pre-ln", "chars", TINY)

@@ -49,7 +49,7 @@ def test_sound_constants_pass():
 
 
 _TAU = '''
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 import sympy as sp
 from splitformer.symbolic.inputs import Constant
@@ -60,6 +60,10 @@ from splitformer.symbolic.operators import Attention, register_operator
 class TauAttention(Attention):
     kind: ClassVar[str] = "qa-tau-attention"
     constants: ClassVar[tuple] = (Constant(sp.Symbol("tau", positive=True), 1.0, {meaning!r}),)
+
+    def definitions(self):  # the scores divided by the temperature
+        tau = self.constants[0].symbol
+        return tuple(replace(d, rhs=d.rhs / tau) if d.function == "a" else d for d in super().definitions())
 '''
 
 

@@ -168,7 +168,8 @@ _DEFINITION = "def parameters(self): return ()\ndef definitions(self):\n    impo
     ("qa-latex", "Definition('out', 'L\\nimport os', (X, Y), apply(STATE, X, Y), 'm')",
      "latex: must be one printable line"),
     ("qa-arguments", "Definition('out', 'L', (X,), apply(STATE, X, Y), 'm')",
-     "the plug-in kind 'qa-arguments' cannot be derived: ValueError"),
+     "its last definition, 'out', is its output, but it is on (x): a block step's operator is a field of the state "
+     "u(x, y)"),
 ])
 def test_a_malformed_definition_is_one_line_naming_the_kind_and_nothing_is_written(kind, definition, message,
                                                                                     tmp_path, capsys):

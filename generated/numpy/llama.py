@@ -873,7 +873,6 @@ def forward(u, params, *, n_heads=1, n_kv_heads=None, eps=1e-5, key_padding_mask
     d_head, eps = _options(d, n_heads, eps, causal)
     n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
     n_rep = _group_size(n_heads, n_kv_heads)
-    d_kv = n_kv_heads * d_head
     _head_width(d_head)
     d_half = d_head // 2
     rope_theta = _rope_theta(rope_theta)

@@ -303,3 +303,67 @@ def test_a_source_without_any_bias_builds_a_bias_free_stack_that_trains_and_writ
     u = torch.randn(2, 5, DIM, dtype=torch.float64)
     with torch.no_grad():
         assert (stack(u) - target(u)).abs().max() <= 1e-12
+
+
+def test_plain_layers_are_written_with_their_final_norm_and_checked_against_the_modules_flags():
+    """A fuzzer's findings (s45): layer mappings (trained with NumPy's ``vjp_stack``, say) could not be written into
+    a module with a final norm (``to_xtransformers`` had no ``final_norm``; its message pointed at ``to_torch``), and
+    layers read from a pre-norm module were written into a post-norm one without a word."""
+    source, target = _pair()
+    adapted = from_xtransformers(source)
+    layers = [dict(layer) for layer in adapted.layers]
+    with pytest.raises(SplitformerError, match=r"pass its parameters, to_xtransformers\(layers, module, final_norm="):
+        to_xtransformers(layers, target)
+    target.load_state_dict(to_xtransformers(layers, target, final_norm=adapted.final_norm), strict=True)
+    u = torch.randn(2, 5, DIM, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(target(u), source(u), rtol=0, atol=1e-12)
+    post = _module(x_transformers.Encoder, 2, 1, pre_norm=False)
+    with pytest.raises(SplitformerError, match=r"layers\[0\] was read from a module with other flags \(scheme "
+                                               r"'xt-pre-.*', the target's 'xt-post-"):
+        to_xtransformers(list(adapted.layers), post)
+    with pytest.raises(SplitformerError, match="final_norm goes with plain parameters; an Adapted holds its own"):
+        to_xtransformers(adapted, target, final_norm=adapted.final_norm)
+
+
+@pytest.mark.parametrize("dim_head", [6, 8])
+def test_an_unchanged_float32_qk_norm_reading_is_written_back(dim_head):
+    """A fuzzer's finding (s45): a float32 module with ``attn_qk_norm`` could not be written back unchanged where
+    10·√d_head is no float32 value (d_head 6, 8): its fixed gain, read rounded, was compared with the exact offset to
+    1e-10. Compared to the parameters' own rounding now; control: a gain changed by 1e-3 is still refused."""
+    torch.manual_seed(0)
+    module = x_transformers.Encoder(dim=4 * dim_head, depth=1, heads=4, attn_dim_head=dim_head, attn_qk_norm=True,
+                                    attn_flash=True).eval()
+    adapted = from_xtransformers(module)
+    assert adapted.layers[0]["attn.q_gain"].dtype.name == "float32"
+    state = to_xtransformers(adapted, module)
+    for key, value in module.state_dict().items():
+        assert torch.equal(state[key], value), key
+    changed = [dict(layer) for layer in adapted.layers]
+    changed[0]["attn.q_gain"] = changed[0]["attn.q_gain"] * (1 + 1e-3)
+    with pytest.raises(SplitformerError, match=r"attn.q_gain\[0\] = .* cannot be written: x-transformers' layout "
+                                               r"fixes it at"):
+        to_xtransformers(changed, module, final_norm=adapted.final_norm)
+
+
+def test_rotary_frequencies_rounded_to_float32_by_the_library_are_read():
+    """A fuzzer's finding (s45): a rotary module whose float32 buffer holds θ = 500000's frequencies over 64-feature
+    heads (Llama 3's base), or a base rescaled by ``rotary_base_rescale_factor``, was refused as computing "something
+    its attributes do not say": the reader's probe compared the generated exact rotation with the buffer's float32
+    rounding to 1e-8. Read now, θ exactly; the module with the exact frequencies equals the generated Stack."""
+    torch.manual_seed(0)
+    for module in (x_transformers.Decoder(dim=64, depth=1, heads=2, attn_dim_head=64, rotary_pos_emb=True,
+                                          rotary_emb_dim=64, attn_flash=True),
+                   x_transformers.Encoder(dim=128, depth=1, heads=2, attn_dim_head=64, rotary_pos_emb=True,
+                                          rotary_emb_dim=64, rotary_base_rescale_factor=2.0, attn_flash=True)):
+        if isinstance(module, x_transformers.Decoder):
+            module.rotary_pos_emb.inv_freq = 1.0 / (500000 ** (torch.arange(0, 64, 2).float() / 64))
+        module = module.double().eval()
+        adapted = from_xtransformers(module)
+        theta = adapted.options["rope_theta"]
+        assert theta == 500000.0 or isinstance(module, x_transformers.Encoder)
+        stack = adapted.build(adapted.derivation().torch_module(), dtype=torch.float64)
+        module.rotary_pos_emb.inv_freq = theta ** (-torch.arange(0, 64, 2, dtype=torch.float64) / 64)
+        u = torch.randn(2, 7, module.dim if hasattr(module, "dim") else 64, dtype=torch.float64)
+        with torch.no_grad():
+            torch.testing.assert_close(stack(u), module(u), rtol=0, atol=1e-10)

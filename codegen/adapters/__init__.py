@@ -198,20 +198,22 @@ def to_torch(params: Any, like: Adapted | None = None, *, final_norm: Any = None
     return {key: value.to(dtype) for key, value in state.items()}
 
 
-def to_xtransformers(params: Any, module: Any, *, dtype: Any = None) -> dict[str, Any]:
+def to_xtransformers(params: Any, module: Any, *, final_norm: Any = None, dtype: Any = None) -> dict[str, Any]:
     """The state dict of the x-transformers ``module`` (``Encoder``, ``Decoder``, ``TransformerWrapper``)
     holding ``params``; load it with ``module.load_state_dict(state, strict=True)``.
 
     ``params``: an ``Adapted`` of a module with the same flags, or a generated ``Block``/``Stack`` (or
-    canonical mappings, one per layer) of the scheme ``from_xtransformers(module)`` composes. Entries
-    the module does not read (a wrapper's embeddings and logits), and its buffers, keep the module's
-    values; what its layout cannot hold is refused by name (``xtransformers_writer``). ``dtype``: the
-    tensors' torch dtype (default: the module's).
+    canonical mappings, one per layer, with ``final_norm`` where the module ends with one) of the scheme
+    ``from_xtransformers(module)`` composes. Entries the module does not read (a wrapper's embeddings and logits),
+    and its buffers, keep the module's values; what its layout cannot hold is refused by name
+    (``xtransformers_writer``). ``dtype``: the tensors' torch dtype (default: the module's).
     """
     dtype = torch_floating_dtype(dtype)
     like = from_xtransformers(module)
     if not isinstance(params, Adapted):
-        params = _holding(like, params)
+        params = _holding(like, params, final_norm, "to_xtransformers(layers, module, final_norm=")
+    elif final_norm is not None:
+        raise SplitformerError("to_xtransformers: final_norm goes with plain parameters; an Adapted holds its own")
     elif params.scheme_file != like.scheme_file or params.options != like.options:
         raise SplitformerError("to_xtransformers: the Adapted was read from a module with other flags "
                                f"(scheme {params.scheme!r}, the module's {like.scheme!r}): {_readings_differ(params, like)}")
@@ -250,20 +252,27 @@ def _check_tied_copies(adapted: Adapted) -> None:
                                    "one shared layer module (tied): copies of tied layers that differ cannot be written")
 
 
-def _holding(like: Adapted, params: Any, final_norm: Any = None) -> Adapted:
+def _holding(like: Adapted, params: Any, final_norm: Any = None,
+             call: str = "to_torch(layers, like=adapted, final_norm=") -> Adapted:
     """``like`` holding ``params`` (mappings with ``final_norm``, or a generated Block/Stack whose computation must be
-    ``like``'s, its own final norm included)."""
+    ``like``'s, its own final norm included); ``call``: how the message shows passing a final norm. A layer that
+    carries its reading (``adapted.layers[i]``) must have been read with ``like``'s flags."""
     if hasattr(params, "state_dict"):
         if final_norm is not None:
             raise SplitformerError("final_norm goes with plain parameters; a generated Stack holds its own")
         like.check_computes(params)  # a generated Block/Stack: the round trip keeps the computation
     layers, found = canonical(params)
+    for index, layer in enumerate(layers):
+        source = getattr(layer, "adapted", None)
+        if isinstance(source, Adapted) and (source.scheme_file, source.options) != (like.scheme_file, like.options):
+            raise SplitformerError(f"layers[{index}] was read from a module with other flags (scheme "
+                                   f"{source.scheme!r}, the target's {like.scheme!r}): {_readings_differ(source, like)}")
     if final_norm is not None and like.final_norm is None:
         raise SplitformerError("the source has no final norm: final_norm must be None")
     final_norm = found if final_norm is None else final_norm
     if like.final_norm is not None and final_norm is None:
-        raise SplitformerError("the source ends with a final norm: pass its parameters, to_torch(layers, like=adapted, "
-                               "final_norm={'gain': …, 'bias': …})")
+        raise SplitformerError(f"the source ends with a final norm: pass its parameters, {call}"
+                               "{'gain': …, 'bias': …})")
     return like.with_params(layers, final_norm if like.final_norm is not None else None)
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["library_frequencies", "is_frequencies_of", "read_theta"]
+__all__ = ["library_frequencies", "exact_frequencies", "is_frequencies_of", "read_theta"]
 
 #: Float32 bases on either side of a fit that ``read_theta`` tries (the fit is within a few of them).
 _NEIGHBOURS = 16
@@ -30,7 +30,8 @@ def library_frequencies(theta: float, rotated: int, device: Any = "cpu") -> Any:
     return 1.0 / (theta ** (torch.arange(0, rotated, 2, device=device).float() / rotated))
 
 
-def _exact(theta: float, rotated: int) -> np.ndarray:
+def exact_frequencies(theta: float, rotated: int) -> np.ndarray:
+    """θ^(−2r/R) for r < R/2, in float64: what the generated code rotates by."""
     return theta ** (-np.arange(0, rotated, 2, dtype=np.float64) / rotated)
 
 
@@ -48,7 +49,7 @@ def is_frequencies_of(buffer: Any, theta: float, rotated: int) -> bool:
         if torch.equal(library_frequencies(theta, rotated, device).to(found.dtype), found.to(device)):
             return True
     values = found.cpu().to(torch.float64).numpy()
-    return found.dtype == torch.float64 and bool(np.allclose(values, _exact(theta, rotated), rtol=1e-14, atol=0.0))
+    return found.dtype == torch.float64 and bool(np.allclose(values, exact_frequencies(theta, rotated), rtol=1e-14, atol=0.0))
 
 
 def read_theta(buffer: Any, rotated: int) -> float | None:

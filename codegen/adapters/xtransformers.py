@@ -59,7 +59,7 @@ from .arrays import array, linear_weight
 from .common import activation_name
 from .inspection import library_class, library_name
 from .probe import check_probe, randomized
-from .rope import read_theta
+from .rope import exact_frequencies, read_theta
 
 __all__ = ["read_attention_layers", "read_wrapper", "scheme_text"]
 
@@ -771,7 +771,8 @@ def read_attention_layers(layers: Any, *, probe: bool = True) -> Adapted:
 def _float64_copy(layers: Any) -> Any:
     """A float64 copy of ``layers`` in eval mode: its non-flash softmax (taken in float32, the one precision note
     of the reader) in float64, ALiBi's cached bias (compared with the slopes by ``_alibi_slopes``) dropped, so
-    that its forward computes it from the slopes."""
+    that its forward computes it from the slopes, and a rotary embedding's frequencies those of the θ read, in float64
+    (its buffer holds them rounded to float32: 1e-7 off at θ = 500000 over a 64-feature head)."""
     import copy
 
     import torch
@@ -784,6 +785,11 @@ def _float64_copy(layers: Any) -> Any:
             module.attn_fn = partial(torch.nn.functional.softmax, dim=-1)
         if library_name(module) == "AlibiPositionalBias":
             module.bias = None
+        if library_name(module) == "RotaryEmbedding":
+            rotated = 2 * len(module.inv_freq)
+            theta = read_theta(module.inv_freq, rotated)  # None: refused by the reader itself
+            if theta is not None:
+                module.inv_freq = torch.from_numpy(exact_frequencies(theta, rotated)).to(module.inv_freq.device)
     return probe
 
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from splitformer.symbolic import __version__
 
-from .output import JSON_GENERATOR, check_files, write_files
+from .output import JSON_GENERATOR, check_files, check_writable, write_files
 
 __all__ = ["Run", "RunStore", "json_numbers", "run_key"]
 
@@ -108,9 +108,11 @@ class RunStore:
 
     def check(self, names: list[str], seeds: int) -> None:
         """Refuse, before any training, what keeping a run would refuse: a file in its way that splitformer did not
-        write (unless ``force``), a symbolic link out of ``root``."""
+        write (unless ``force``), a symbolic link out of ``root``, a folder no file can be written in (a run trained,
+        then lost)."""
         check_files([self.path(name, seed) for name in names for seed in range(seeds)], force=self.force,
                     root=self.root, changing=True)
+        check_writable(self.folder, "runs")
 
     def taken_up(self, name: str, seed: int, key: str | None, steps: int) -> Run | None:
         """The run kept for ``name`` and ``seed`` under ``key``; None where there is none."""

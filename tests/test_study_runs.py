@@ -3,6 +3,7 @@
 import json
 import math
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -190,3 +191,26 @@ def test_budgets_take_numpys_integers_and_a_single_scheme_is_refused_by_name():
     with pytest.raises(SplitformerError, match=r"schemes: expected a list of schemes, got one str: "
                                                r"study\(\['pre-ln'\], \.\.\.\)"):
         study("pre-ln", "chars", TINY)
+
+
+def test_a_runs_folder_no_file_can_be_written_in_is_refused_before_training(tmp_path, trainings, monkeypatch):
+    """A tester's finding (s45): with ``OUT`` writable and ``OUT/runs`` not (``chattr +i``: root ignores permission
+    bits), the first run trained in full, then the study failed keeping it. The folder is probed before any training
+    (here the probe's temporary file is refused there, as the immutable folder refuses it)."""
+    import errno
+    import tempfile
+
+    _, trained = trainings
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    real = tempfile.TemporaryFile
+
+    def refused(*args, dir=None, **kwargs):
+        if dir is not None and Path(dir) == runs:
+            raise PermissionError(errno.EPERM, "Operation not permitted")
+        return real(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", refused)
+    with pytest.raises(SplitformerError, match=r"^runs: cannot write in .*runs: Operation not permitted$"):
+        study(["pre-ln"], "chars", TINY, runs=runs)
+    assert trained == []

@@ -328,8 +328,13 @@ def parse_network(text: str, where: str, folder: Path | None = None) -> NetworkS
     if unknown or missing:
         raise SplitformerError(f"{where}: {'unknown' if unknown else 'missing'} field {(unknown or missing)[0]!r}")
     steps = document["steps"]
+    if isinstance(steps, list):
+        raise SplitformerError(f"{where}: steps: a network file's [steps] is one table (its scheme, activation, "
+                               "final_norm), not an array of tables [[steps]] as a scheme file's")
     if not isinstance(steps, dict) or not isinstance(steps.get("scheme"), str):
         raise SplitformerError(f"{where}: steps.scheme: expected the name of a block scheme")
+    if not steps["scheme"].strip():
+        raise SplitformerError(f"{where}: steps.scheme: empty; give a block scheme's name (pre-ln) or file (mine.toml)")
     unknown = sorted(set(steps) - _STEPS_KEYS, key=str)
     if unknown:
         raise SplitformerError(f"{where}: steps: unknown field {str(unknown[0])[:40]!r} (allowed: "

@@ -236,6 +236,9 @@ _VIT = _builtin_text("vit")
     (_VIT.replace('kind = "class-token-head"', 'kind = "attention"'), "readout.kind: expected class-token-head"),
     (_VIT.replace('scheme = "pre-ln"', 'scheme = "no-such"'), "bad.toml: steps.scheme: unknown scheme 'no-such'"),
     (_VIT.replace('scheme = "pre-ln"', 'scheme = "vit"'), "bad.toml: steps.scheme: 'vit' is a built-in network"),
+    # a new user (s45): read as the folder "." and as "expected the name of a block scheme"
+    (_VIT.replace('scheme = "pre-ln"', 'scheme = ""'), "bad.toml: steps.scheme: empty; give a block scheme's name"),
+    (_VIT.replace('[steps]', '[[steps]]'), "bad.toml: steps: a network file's [steps] is one table"),
 ])
 def test_a_bad_network_file_is_refused_in_one_line_before_anything_is_written(tmp_path, capsys, text, message):
     path = tmp_path / "bad.toml"

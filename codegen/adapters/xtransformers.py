@@ -434,7 +434,8 @@ def _sublayers(owner: str, layers: Any) -> list[list[tuple[str, Any, tuple[Any, 
     run = [layers.layer_types[index] for index in order]
     if len(run) % len(block) or tuple(run) != block * (len(run) // len(block)):
         ordered = f" in layers_execute_order={tuple(order)}" if order != sorted(order) else ""
-        raise _refuse(owner, f"layer types {''.join(run)}{ordered}", f"a stack repeats one block {''.join(block)}")
+        made = ordered or " (as only_attn, custom_layers, par_ratio or sandwich_coef make them)"
+        raise _refuse(owner, f"layer types {''.join(run)}{made}", f"a stack repeats one block {''.join(block)}")
     tied = order != list(range(len(layers.layer_types)))
     if tied and order != list(range(len(block))) * (len(order) // len(block)):
         raise _refuse(owner, f"layers_execute_order={tuple(order)}", "only weight_tie_layers' order repeats a block")

@@ -176,9 +176,10 @@ def check_writable(folder: Path, what: str) -> None:
 
 @contextmanager
 def held_alone(folder: Path, what: str):
-    """Hold ``folder`` (made if missing, removed again if this left it empty) for this process while the block runs:
-    another splitformer process asking for it is refused in one line, not left to replace this one's files with its
-    own. An advisory ``flock`` on the folder itself (no lock file); none where the platform has no ``fcntl``."""
+    """Hold ``folder`` (made if missing; removed again if this left it empty, unless the process is killed) for this
+    process while the block runs: another splitformer process asking for it is refused in one line, not left to
+    replace this one's files with its own. An advisory ``flock`` on the folder itself (no lock file; the kernel
+    releases it with the process); none where the platform has no ``fcntl``."""
     try:
         import fcntl
     except ImportError:  # Windows: unlocked, as before

@@ -10,13 +10,14 @@ from collections.abc import Mapping
 _LARGEST_FLOAT = 1.7976931348623157e308  # sys.float_info.max
 
 
-def _as_read(params, *target):
+def _as_read(params, *target, name="params"):
     """``params`` that can say why they would not compute their source here (``splitformer.adapters.Adapted``: its
-    ``unlike`` method, given this module's globals and the call's arguments, or a Block) are refused when they do."""
+    ``unlike`` method, given this module's globals and the call's arguments, or a Block) are refused when they do,
+    the error naming them as ``name``."""
     unlike = getattr(type(params), "unlike", None)
     problem = unlike(params, *target) if callable(unlike) else None
     if problem:
-        raise ValueError(f"params: {problem}")
+        raise ValueError(f"{name}: {problem}")
 
 
 def _size(axis, params, table, shape):

@@ -4,6 +4,8 @@ by name, in one line; each refusal has a control the adapters accept."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -631,15 +633,19 @@ def test_a_stacks_layers_refuse_a_call_that_would_not_compute_the_source(rng):
     with torch.no_grad():
         expected = encoder(torch.from_numpy(u)).numpy()
     assert np.abs(post_ln.forward_stack(u, adapted.layers, **adapted.forward_kwargs) - expected).max() < 1e-12
-    refusals = {
-        "the source was read with n_heads=": lambda: post_ln.forward_stack(u, adapted.layers),
-        "the source computes post-ln with relu; the module": lambda: pre_ln.forward_stack(u, adapted.layers,
-                                                                                           **adapted.forward_kwargs),
-        "the source has n_heads=": lambda: POST_LN.Stack(2, D, 1, D_FF, dtype=torch.float64).load_params(adapted.layers),
-        "the source was read with eps=": lambda: post_ln.forward(u, adapted.layers[1], n_heads=HEADS, eps=1e-3),
+    refusals = {  # a stack names the layer (the reviewer, s45: it said "params", an argument forward_stack lacks)
+        "layers[0]: the source was read with n_heads=": lambda: post_ln.forward_stack(u, adapted.layers),
+        "layers[0]: the source computes post-ln with relu; the module": lambda: pre_ln.forward_stack(
+            u, adapted.layers, **adapted.forward_kwargs),
+        "layers[0]: the source has n_heads=": lambda: POST_LN.Stack(2, D, 1, D_FF, dtype=torch.float64).load_params(
+            adapted.layers),
+        "params: the source was read with eps=": lambda: post_ln.forward(u, adapted.layers[1], n_heads=HEADS,
+                                                                          eps=1e-3),
+        "layers: the source is a stack of 2 layers: give forward_stack its .layers": lambda: post_ln.forward_stack(
+            u, adapted, **adapted.forward_kwargs),
     }
     for message, call in refusals.items():
-        with pytest.raises(ValueError, match=f"^params: {message}"):
+        with pytest.raises(ValueError, match=f"^{re.escape(message)}"):
             call()
     plain = [dict(layer) for layer in adapted.layers]
     assert np.abs(post_ln.forward_stack(u, plain) - expected).max() > 1e-3  # nothing refuses plain dicts

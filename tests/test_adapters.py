@@ -241,7 +241,7 @@ def test_the_reading_check_compares_what_the_parameters_compute(modules, rng, mo
 
     assert post_numpy.forward(u, adapted, n_heads=HEADS, eps=Fraction(1, 100000)).shape == u.shape
     layers = [from_torch(encoder_layer(seed=seed)) for seed in (1, 2)]  # each layer's reading, as a list
-    with pytest.raises(ValueError, match="^params: the source has n_heads=2, the Block n_heads=1$"):
+    with pytest.raises(ValueError, match=r"^layers\[0\]: the source has n_heads=2, the Block n_heads=1$"):
         post_torch.Stack(2, D, 1, D_FF, dtype=torch.float64).load_params(layers)
     post_torch.Stack(2, D, HEADS, D_FF, dtype=torch.float64).load_params(layers)
     default = torch.nn.TransformerEncoderLayer(D, HEADS, D_FF, dtype=torch.float64).eval()

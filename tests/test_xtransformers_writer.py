@@ -340,10 +340,28 @@ def test_an_unchanged_float32_qk_norm_reading_is_written_back(dim_head):
     for key, value in module.state_dict().items():
         assert torch.equal(state[key], value), key
     changed = [dict(layer) for layer in adapted.layers]
-    changed[0]["attn.q_gain"] = changed[0]["attn.q_gain"] * (1 + 1e-3)
+    changed[0]["attn.q_gain"] = changed[0]["attn.q_gain"] * (1 + 1e-5)
     with pytest.raises(SplitformerError, match=r"attn.q_gain\[0\] = .* cannot be written: x-transformers' layout "
                                                r"fixes it at"):
         to_xtransformers(changed, module, final_norm=adapted.final_norm)
+
+
+def test_a_float32_change_of_one_copy_of_a_shared_head_is_refused_beside_qk_norm():
+    """The reviewer's finding (s45): one tolerance from float32's epsilon times the largest entry (qk-norm's fixed 80)
+    let a change of 3e-5 to one of two query heads' copies of a shared key head be written back and lost. Only a
+    fixed entry may differ by its own rounding; copies of one entry must agree to 1e-10 (control: unchanged, written)."""
+    torch.manual_seed(0)
+    module = x_transformers.Encoder(dim=32, depth=1, heads=4, attn_kv_heads=2, attn_qk_norm=True,
+                                    attn_flash=True).eval()
+    adapted = from_xtransformers(module)
+    to_xtransformers(adapted, module)
+    for delta in (3e-7, 3e-5):
+        changed = [dict(layer) for layer in adapted.layers]
+        kernel = changed[0]["attn.W_k"].copy()
+        kernel[0, -1] += delta  # the last query head's copy of its key/value head
+        changed[0]["attn.W_k"] = kernel
+        with pytest.raises(SplitformerError, match="holds it in one entry with another canonical entry that differs"):
+            to_xtransformers(changed, module, final_norm=adapted.final_norm)
 
 
 def test_rotary_frequencies_rounded_to_float32_by_the_library_are_read():

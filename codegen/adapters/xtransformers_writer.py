@@ -63,18 +63,19 @@ class _Probe:
         return _flat(self.read(self.module))[1]
 
 
-def _read_back(adapted: Adapted) -> float:
-    """How close an entry must read back, relative to the largest: ``_READ_BACK``, or the rounding of the parameters'
-    own dtype where it is coarser (a float32 reading holds qk-norm's fixed 10·√d_head rounded to float32)."""
-    dtypes = {np.asarray(value).dtype for params in (*adapted.layers, adapted.final_norm or {}) for value in params.values()}
-    coarsest = max((float(np.finfo(dtype).eps) for dtype in dtypes if np.issubdtype(dtype, np.floating)), default=0.0)
-    return max(_READ_BACK, 4 * coarsest)
+def _rounding(adapted: Adapted) -> np.ndarray:
+    """Each canonical entry's spacing in its own dtype (``_flat``'s order): how far a float32 reading may hold a value
+    its layout fixes (qk-norm's 10·√d_head, no float32 number) from that value."""
+    parts = [*adapted.layers] + ([adapted.final_norm] if adapted.final_norm is not None else [])
+    return np.concatenate([np.abs(np.spacing(np.asarray(params[key]))).astype(np.float64).reshape(-1)
+                           for params in parts for key in sorted(params)])
 
 
-def _solve(probe: _Probe, names: list[str], target: np.ndarray, tolerance: float) -> tuple[np.ndarray, np.ndarray]:
+def _solve(probe: _Probe, names: list[str], target: np.ndarray, rounding: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The source entries whose read is ``target`` and which of them it sets; refuses an entry
-    x-transformers cannot hold (one ``tolerance``, relative to the largest entry, off what it fixes or another
-    canonical entry in it)."""
+    x-transformers cannot hold: off what its layout fixes by more than ``_READ_BACK`` (relative to the largest
+    entry) and the entry's own ``rounding``, or off another canonical entry held in one source entry by more than
+    ``_READ_BACK`` (both read from one value: equal unless changed)."""
     count = sum(probe.sizes)
     offset = probe(np.zeros(count))
     slope = probe(np.ones(count)) - offset
@@ -82,7 +83,7 @@ def _solve(probe: _Probe, names: list[str], target: np.ndarray, tolerance: float
     source = np.full(target.shape, -1)
     source[moving] = np.rint((probe(np.arange(1.0, count + 1)) - offset)[moving] / slope[moving]).astype(int) - 1
     scale = max(1.0, float(np.abs(target).max()))
-    fixed = ~moving & (np.abs(target - offset) > tolerance * scale)
+    fixed = ~moving & (np.abs(target - offset) > _READ_BACK * scale + rounding)
     if fixed.any():
         k = int(np.flatnonzero(fixed)[0])
         raise SplitformerError(f"{names[k]} = {target[k]:.9g} cannot be written: x-transformers' layout fixes it at "
@@ -92,7 +93,7 @@ def _solve(probe: _Probe, names: list[str], target: np.ndarray, tolerance: float
     for k in np.flatnonzero(moving):
         value = (target[k] - offset[k]) / slope[k]
         j = source[k]
-        if written[j] and abs(values[j] - value) > tolerance * scale:
+        if written[j] and abs(values[j] - value) > _READ_BACK * scale:
             raise SplitformerError(f"{names[k]} = {target[k]:.6g} cannot be written: x-transformers holds it in one "
                                    "entry with another canonical entry that differs (a shared key/value head, tied "
                                    "layers, the relative-position table all layers share, ScaleNorm's one gain)")
@@ -104,13 +105,13 @@ def xtransformers_state(adapted: Adapted, module: Any, read: Callable[[Any], Ada
     """The state dict of ``module`` whose read (``read``: ``from_xtransformers``) is ``adapted``'s parameters."""
     names, target = _flat(adapted)
     probe = _Probe(module, read)
-    tolerance = _read_back(adapted)
-    values, written = _solve(probe, names, target, tolerance)
+    rounding = _rounding(adapted)
+    values, written = _solve(probe, names, target, rounding)
     current = np.concatenate([parameter.detach().cpu().double().numpy().reshape(-1)
                               for parameter in dict(module.named_parameters()).values()])
     values = np.where(written, values, current)
-    error = float(np.abs(probe(values) - target).max())
-    if error > tolerance * max(1.0, float(np.abs(target).max())):
+    error = float(np.max(np.abs(probe(values) - target) - rounding))  # a fixed entry read back exact, held rounded
+    if error > _READ_BACK * max(1.0, float(np.abs(target).max())):
         raise SplitformerError(f"to_xtransformers: the written parameters read back {error:.2e} off the canonical ones")
     return _state_dict(module, probe, values, dtype)
 

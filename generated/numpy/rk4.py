@@ -485,6 +485,7 @@ def _layer(params, sizes, dtype):
 def _layers(layers, u0, sizes, arguments):
     """Each of a stack's ``layers`` checked before any work as ``forward`` checks its ``params`` (``arguments``: the
     call's, which an adapter's reading compares): a list of their arrays by canonical name; an error names the layer."""
+    _as_read(layers, globals(), arguments, name="layers")  # an adapter's reading of a stack: it says to give .layers
     if isinstance(layers, Mapping) or not hasattr(layers, "__len__"):
         raise TypeError(f"layers must be a sequence of parameter mappings, got {type(layers).__name__}")
     if not len(layers):
@@ -492,7 +493,7 @@ def _layers(layers, u0, sizes, arguments):
     checked = []
     for index, params in enumerate(layers):
         params = _mapping(f"layers[{index}]", params)
-        _as_read(params, globals(), arguments)
+        _as_read(params, globals(), arguments, name=f"layers[{index}]")
         _width(u0, params, PARAMETERS)
         try:
             checked.append(_layer(params, dict(sizes), u0.dtype))
@@ -544,13 +545,14 @@ def _options(d, n_heads, eps, causal):
 _LARGEST_FLOAT = 1.7976931348623157e308  # sys.float_info.max
 
 
-def _as_read(params, *target):
+def _as_read(params, *target, name="params"):
     """``params`` that can say why they would not compute their source here (``splitformer.adapters.Adapted``: its
-    ``unlike`` method, given this module's globals and the call's arguments, or a Block) are refused when they do."""
+    ``unlike`` method, given this module's globals and the call's arguments, or a Block) are refused when they do,
+    the error naming them as ``name``."""
     unlike = getattr(type(params), "unlike", None)
     problem = unlike(params, *target) if callable(unlike) else None
     if problem:
-        raise ValueError(f"params: {problem}")
+        raise ValueError(f"{name}: {problem}")
 
 
 def _finite(value):

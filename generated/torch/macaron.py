@@ -639,13 +639,14 @@ def _traced_flag(value: bool) -> bool:
 _LARGEST_FLOAT = 1.7976931348623157e308  # sys.float_info.max
 
 
-def _as_read(params, *target):
+def _as_read(params, *target, name="params"):
     """``params`` that can say why they would not compute their source here (``splitformer.adapters.Adapted``: its
-    ``unlike`` method, given this module's globals and the call's arguments, or a Block) are refused when they do."""
+    ``unlike`` method, given this module's globals and the call's arguments, or a Block) are refused when they do,
+    the error naming them as ``name``."""
     unlike = getattr(type(params), "unlike", None)
     problem = unlike(params, *target) if callable(unlike) else None
     if problem:
-        raise ValueError(f"params: {problem}")
+        raise ValueError(f"{name}: {problem}")
 
 
 def _integer(name, value, minimum):
@@ -1468,8 +1469,9 @@ class Stack(_CanonicalModule):
             raise TypeError(f"layers must be a sequence of parameter mappings, got {type(layers).__name__}")
         if len(layers) != len(self.layers) and not (self.tied and len(layers) == 1):
             raise ValueError(f"{len(layers)} parameter mappings for {len(self.layers)} layers")
-        for params, block in zip(layers, self.layers):
-            _as_read(params, block)  # an adapter's reading of a layer: refused where this layer would not compute it
+        for index, (params, block) in enumerate(zip(layers, self.layers)):
+            _as_read(params, block, name=f"layers[{index}]")  # an adapter's reading of a layer: refused where this
+            # layer would not compute it
         if self.tied:
             first = _mapping("layers[0]", layers[0])
             for index, params in enumerate(layers[1:], start=1):

@@ -32,6 +32,8 @@ FLAGS = {
     "pre_and_post_norm": {"pre_and_post_norm": True}, "weight_tie_layers": {"weight_tie_layers": True},
     "ff_custom_activation (ReLU)": {"ff_custom_activation": torch.nn.ReLU()},
     "ff_custom_activation (tanh GELU) + ff_glu": {"ff_custom_activation": torch.nn.GELU(approximate="tanh"), "ff_glu": True},
+    # a fuzzer's finding (s45): refused, though SwiGLU without bias is common; the GLU projection keeps its bias
+    "ff_glu + ff_swish + ff_no_bias": {"ff_glu": True, "ff_swish": True, "ff_no_bias": True},
 }
 _DERIVED: dict[str, object] = {}
 

@@ -25,7 +25,7 @@ FLAGS = {
     "attn_kv_heads": {"attn_kv_heads": 1}, "rotary": {"rotary_pos_emb": True, "rotary_emb_dim": DIM // 2},
     "attn_qk_norm": {"attn_qk_norm": True}, "alibi": {"alibi_pos_bias": True},
     "use_layerscale": {"use_layerscale": True}, "sandwich_norm": {"sandwich_norm": True},
-    "post-norm": {"pre_norm": False},
+    "post-norm": {"pre_norm": False}, "SwiGLU without bias": {"ff_glu": True, "ff_swish": True, "ff_no_bias": True},
 }
 
 
@@ -385,3 +385,19 @@ def test_rotary_frequencies_rounded_to_float32_by_the_library_are_read():
         u = torch.randn(2, 7, module.dim if hasattr(module, "dim") else 64, dtype=torch.float64)
         with torch.no_grad():
             torch.testing.assert_close(stack(u), module(u), rtol=0, atol=1e-10)
+
+
+def test_swiglu_without_bias_holds_its_output_bias_at_zero():
+    """A fuzzer's finding (s45): ``ff_glu`` with ``ff_no_bias`` was refused; x-transformers' GLU projection keeps its
+    bias there while the output drops it. Read as the gated feed-forward with ``b_2 = 0`` held out of training (a
+    note says so); a trained nonzero ``b_2`` cannot be written back and is refused by name."""
+    source = _module(x_transformers.Encoder, 2, 0, ff_glu=True, ff_swish=True, ff_no_bias=True)
+    adapted = from_xtransformers(source)
+    assert "layers.0.ffn.b_2" in adapted.frozen and any("b_2 = 0" in note for note in adapted.notes)
+    stack = adapted.build(_derived(adapted).torch_module(), dtype=torch.float64)
+    assert not stack.layers[0].ffn.b_2.requires_grad
+    changed = [dict(layer) for layer in adapted.layers]
+    changed[1]["ffn.b_2"] = changed[1]["ffn.b_2"] + 0.1
+    with pytest.raises(SplitformerError, match=r"layer 1: ffn.b_2\[0\] = 0.1 cannot be written: x-transformers' "
+                                               r"layout fixes it at 0"):
+        to_xtransformers(changed, source, final_norm=adapted.final_norm)

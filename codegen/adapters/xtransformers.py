@@ -347,8 +347,9 @@ def _alibi_slopes(owner: str, alibi: Any, heads: int) -> np.ndarray:
     return padded
 
 
-def _feed_forward(owner: str, feed_forward: Any, key: str) -> tuple[dict[str, np.ndarray], str, bool, bool]:
-    """``(params, activation, gated, bias)`` of an x-transformers ``FeedForward``."""
+def _feed_forward(owner: str, feed_forward: Any, key: str) -> tuple[dict[str, np.ndarray], str, bool, bool, set[str]]:
+    """``(params, activation, gated, bias, fixed)`` of an x-transformers ``FeedForward``; ``fixed``: ``b_2`` where the
+    output has no bias but the GLU projection has (``ff_glu`` with ``ff_no_bias``): zero, held out of training."""
     import torch
 
     _check_classes(owner, feed_forward.modules())
@@ -371,10 +372,13 @@ def _feed_forward(owner: str, feed_forward: Any, key: str) -> tuple[dict[str, np
     activation = "relu-squared" if library_name(act) == "ReluSquared" else activation_name(f"{owner}.ff (ff_custom_activation)", act)
     into, out = linears
     biases = [into.bias is not None, out.bias is not None]
-    if biases[0] != biases[1]:
-        raise _refuse(owner, "ff_no_bias with ff_glu", "the GLU projection keeps its bias while the output drops it; "
-                      "the gated feed-forward has all three biases or none")
-    params = {}
+    if biases[1] and not biases[0]:
+        raise _refuse(owner, "a feed-forward whose output has a bias and its input projection none",
+                      "the feed-forward kinds have all their biases or none")
+    params, fixed = {}, set()
+    if biases[0] and not biases[1]:  # ff_glu with ff_no_bias: the GLU projection keeps its bias, the output drops it
+        params[f"{key}.b_2"] = np.zeros(out.weight.shape[0], dtype=array(out.weight).dtype)
+        fixed.add(f"{key}.b_2")
     if glu is not None:
         up, gate = np.split(linear_weight(into.weight), 2, axis=1)
         params |= {f"{key}.W_1": np.ascontiguousarray(gate), f"{key}.W_3": np.ascontiguousarray(up)}
@@ -388,7 +392,7 @@ def _feed_forward(owner: str, feed_forward: Any, key: str) -> tuple[dict[str, np
     params[f"{key}.W_2"] = linear_weight(out.weight)
     if biases[1]:
         params[f"{key}.b_2"] = array(out.bias)
-    return params, activation, glu is not None, biases[0]
+    return params, activation, glu is not None, biases[0], fixed
 
 
 def _is_number(value: Any, expected: float) -> bool:
@@ -589,8 +593,9 @@ def _block(owner: str, parts: list, dim: int, heads: int, dtype: np.dtype, rel_p
             block.operators["attn"] = {"kind": "scored-attention" if scored else "attention", "bias": False} | options
         else:
             step["operator"] = ("ffn_pre" if position == 1 else "ffn_post") if macaron else "ffn"
-            params, activation, gated, bias = _feed_forward(owner, branch, step["operator"])
+            params, activation, gated, bias, fixed = _feed_forward(owner, branch, step["operator"])
             block.params |= params
+            block.fixed |= fixed
             block.activations.add(activation)
             block.operators[step["operator"]] = {"kind": "gated-feed-forward" if gated else "feed-forward", "bias": bias}
         if fraction is not None:
@@ -751,6 +756,9 @@ def read_attention_layers(layers: Any, *, probe: bool = True) -> Adapted:
     if "attn.W_o" in first.fixed:
         notes.append("x-transformers' attention has no output projection (to_out is the identity): attn.W_o = I, "
                      "which build leaves out of training")
+    if any(name.endswith(".b_2") for name in first.fixed):
+        notes.append("x-transformers' feed-forward output has no bias (ff_no_bias with ff_glu; its GLU projection keeps "
+                     "one): b_2 = 0, which build leaves out of training")
     frozen = tuple(f"layers.{index}.{name}" for index, block in enumerate(blocks) for name in sorted(block.fixed))
     if final_norm is not None and library_name(layers.final_norm) == "SimpleRMSNorm":  # unit gains, no parameter
         frozen += ("final_norm.gain",)

@@ -147,6 +147,6 @@ def from_hf_lm(model: Any) -> LanguageModel:
     rates = dropout_rates(model)
     if rates:  # the sources drop where a LanguageModel does not (GPT-2: no dropout after its activation)
         warnings.warn(f"from_hf_lm: {type(model).__name__}'s dropout (p = {', '.join(map(str, rates))}) is not "
-                      "carried: the LanguageModel drops nothing in training (build one with dropout= to train with one)",
-                      stacklevel=2)
+                      "carried: the LanguageModel drops nothing in training (build one with dropout= to train with "
+                      "one)", stacklevel=2)
     return result.eval()

@@ -37,7 +37,8 @@ def _known_symbols() -> set[sp.Symbol]:
     symbols = set(domains.VARIABLES) | {EPSILON, ROPE_THETA}
     for domain in vars(domains).values():
         if isinstance(domain, domains.Domain):
-            symbols |= {symbol for symbol in (domain.size, domain.spacing, domain.measure) if isinstance(symbol, sp.Symbol)}
+            symbols |= {symbol for symbol in (domain.size, domain.spacing, domain.measure)
+                        if isinstance(symbol, sp.Symbol)}
     return symbols
 
 
@@ -63,7 +64,8 @@ def check_output(parameters: tuple[Parameter, ...], definitions: tuple[Definitio
         _library_objects(parameter, f"{where}: parameter {parameter.name!r}")
         functions.add(parameter.function)
         arities[parameter.function] = len(parameter.arguments)
-    declared = {constant.symbol for constant in constants if isinstance(constant, Constant) and type(constant.symbol) is sp.Symbol}
+    declared = {constant.symbol for constant in constants
+                if isinstance(constant, Constant) and type(constant.symbol) is sp.Symbol}
     known = {symbol.name: symbol for symbol in _known_symbols() | declared}
     for definition in definitions:
         check_identifier(definition.function, f"{where}: definition function")
@@ -112,9 +114,9 @@ def check_output(parameters: tuple[Parameter, ...], definitions: tuple[Definitio
     output = definitions[-1]
     if tuple(output.arguments) != (domains.X, domains.Y):
         on = ", ".join(str(variable.symbol) for variable in output.arguments)
-        raise SplitformerError(f"{where}: its last definition, {output.function!r}, is its output, but it is on ({on}): "
-                               "a block step's operator is a field of the state u(x, y); end definitions() with its "
-                               "value on (x, y)")
+        raise SplitformerError(f"{where}: its last definition, {output.function!r}, is its output, but it is on "
+                               f"({on}): a block step's operator is a field of the state u(x, y); end definitions() "
+                               "with its value on (x, y)")
 
 
 #: The input fields a kind may declare, by the names it imports them as.

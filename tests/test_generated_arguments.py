@@ -119,7 +119,8 @@ def test_a_stack_names_the_bad_layer_before_any_work(name, stack, monkeypatch):
     layers, u = [_params(module, seed=seed, **sizes) for seed in range(3)], _u()
     keywords = {"n_heads": 2, "n_kv_heads": 1} if name == "llama" else {"n_heads": 2}
     steps = []
-    monkeypatch.setattr(module, "forward", lambda *args, _step=module.forward, **kwargs: steps.append(1) or _step(*args, **kwargs))
+    step = module.forward
+    monkeypatch.setattr(module, "forward", lambda *args, **kwargs: steps.append(1) or step(*args, **kwargs))
     run = getattr(module, stack)
     arguments = (u, layers, u) if stack == "vjp_stack" else (u, layers)
     run(*arguments, **keywords)
@@ -330,7 +331,8 @@ def test_big_endian_parameters_load_into_torch_modules(numpy_module, torch_modul
     model = network.Model(3, 3, dtype=torch.float64)
     x = torch.from_numpy(rng.standard_normal((2, 3, 5, 5)))
     expected = model.load_params(net_params)(x)
-    assert torch.equal(model.load_params({name: value.astype(">f8") for name, value in net_params.items()})(x), expected)
+    swapped_network = {name: value.astype(">f8") for name, value in net_params.items()}
+    assert torch.equal(model.load_params(swapped_network)(x), expected)
     with pytest.raises(ValueError, match=r"^parameter 'attn.W_q' is not a numeric array$"):
         block.load_params({**params, "attn.W_q": np.array([["a"]])})
 

@@ -349,7 +349,8 @@ def test_an_unchanged_float32_qk_norm_reading_is_written_back(dim_head):
 def test_a_float32_change_of_one_copy_of_a_shared_head_is_refused_beside_qk_norm():
     """The reviewer's finding (s45): one tolerance from float32's epsilon times the largest entry (qk-norm's fixed 80)
     let a change of 3e-5 to one of two query heads' copies of a shared key head be written back and lost. Only a
-    fixed entry may differ by its own rounding; copies of one entry must agree to 1e-10 (control: unchanged, written)."""
+    fixed entry may differ by its own rounding; copies of one entry must agree to 1e-10 (control: unchanged,
+    written)."""
     torch.manual_seed(0)
     module = x_transformers.Encoder(dim=32, depth=1, heads=4, attn_kv_heads=2, attn_qk_norm=True,
                                     attn_flash=True).eval()

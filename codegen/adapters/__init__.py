@@ -266,7 +266,8 @@ def _holding(like: Adapted, params: Any, final_norm: Any = None,
         source = getattr(layer, "adapted", None)
         if isinstance(source, Adapted) and (source.scheme_file, source.options) != (like.scheme_file, like.options):
             raise SplitformerError(f"layers[{index}] was read from a module with other flags (scheme "
-                                   f"{source.scheme!r}, the target's {like.scheme!r}): {_readings_differ(source, like)}")
+                                   f"{source.scheme!r}, the target's {like.scheme!r}): "
+                                   f"{_readings_differ(source, like)}")
     if final_norm is not None and like.final_norm is None:
         raise SplitformerError("the source has no final norm: final_norm must be None")
     final_norm = found if final_norm is None else final_norm

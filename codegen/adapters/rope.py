@@ -49,7 +49,8 @@ def is_frequencies_of(buffer: Any, theta: float, rotated: int) -> bool:
         if torch.equal(library_frequencies(theta, rotated, device).to(found.dtype), found.to(device)):
             return True
     values = found.cpu().to(torch.float64).numpy()
-    return found.dtype == torch.float64 and bool(np.allclose(values, exact_frequencies(theta, rotated), rtol=1e-14, atol=0.0))
+    exact = exact_frequencies(theta, rotated)
+    return found.dtype == torch.float64 and bool(np.allclose(values, exact, rtol=1e-14, atol=0.0))
 
 
 def read_theta(buffer: Any, rotated: int) -> float | None:

@@ -757,8 +757,8 @@ def read_attention_layers(layers: Any, *, probe: bool = True) -> Adapted:
         notes.append("x-transformers' attention has no output projection (to_out is the identity): attn.W_o = I, "
                      "which build leaves out of training")
     if any(name.endswith(".b_2") for name in first.fixed):
-        notes.append("x-transformers' feed-forward output has no bias (ff_no_bias with ff_glu; its GLU projection keeps "
-                     "one): b_2 = 0, which build leaves out of training")
+        notes.append("x-transformers' feed-forward output has no bias (ff_no_bias with ff_glu; its GLU projection "
+                     "keeps one): b_2 = 0, which build leaves out of training")
     frozen = tuple(f"layers.{index}.{name}" for index, block in enumerate(blocks) for name in sorted(block.fixed))
     if final_norm is not None and library_name(layers.final_norm) == "SimpleRMSNorm":  # unit gains, no parameter
         frozen += ("final_norm.gain",)

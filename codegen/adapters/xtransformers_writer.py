@@ -71,8 +71,10 @@ def _rounding(adapted: Adapted) -> np.ndarray:
                            for params in parts for key in sorted(params)])
 
 
-def _solve(probe: _Probe, names: list[str], target: np.ndarray, rounding: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The source entries whose read is ``target`` and which of them it sets; refuses an entry
+def _solve(probe: _Probe, names: list[str], target: np.ndarray,
+           rounding: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The source entries whose read is ``target``, which of them it sets, and which canonical entries the layout
+    fixes (no source entry moves them); refuses an entry
     x-transformers cannot hold: off what its layout fixes by more than ``_READ_BACK`` (relative to the largest
     entry) and the entry's own ``rounding``, or off another canonical entry held in one source entry by more than
     ``_READ_BACK`` (both read from one value: equal unless changed)."""
@@ -98,7 +100,7 @@ def _solve(probe: _Probe, names: list[str], target: np.ndarray, rounding: np.nda
                                    "entry with another canonical entry that differs (a shared key/value head, tied "
                                    "layers, the relative-position table all layers share, ScaleNorm's one gain)")
         values[j], written[j] = value, True
-    return values, written
+    return values, written, ~moving
 
 
 def xtransformers_state(adapted: Adapted, module: Any, read: Callable[[Any], Adapted], dtype: Any = None) -> dict[str, Any]:
@@ -106,11 +108,12 @@ def xtransformers_state(adapted: Adapted, module: Any, read: Callable[[Any], Ada
     names, target = _flat(adapted)
     probe = _Probe(module, read)
     rounding = _rounding(adapted)
-    values, written = _solve(probe, names, target, rounding)
+    values, written, held = _solve(probe, names, target, rounding)
     current = np.concatenate([parameter.detach().cpu().double().numpy().reshape(-1)
                               for parameter in dict(module.named_parameters()).values()])
     values = np.where(written, values, current)
-    error = float(np.max(np.abs(probe(values) - target) - rounding))  # a fixed entry read back exact, held rounded
+    slack = np.where(held, rounding, 0.0)  # a fixed entry reads back exact where the reading holds it rounded
+    error = float(np.max(np.abs(probe(values) - target) - slack))
     if error > _READ_BACK * max(1.0, float(np.abs(target).max())):
         raise SplitformerError(f"to_xtransformers: the written parameters read back {error:.2e} off the canonical ones")
     return _state_dict(module, probe, values, dtype)

@@ -1029,7 +1029,8 @@ def forward_stack(u, memory, layers, *, n_heads=1, eps=1e-5, final_norm=None, ke
 
     ``cache``: one dict per layer (``[{} for _ in layers]`` at the first call), see ``forward``.
     """
-    arguments = {name: value for name, value in locals().items() if name != "final_norm"}  # forward's, an adapter's reading compares them
+    # the arguments forward gets, which an adapter's reading compares
+    arguments = {name: value for name, value in locals().items() if name != "final_norm"}
     state = _state(u)
     _options(state.shape[-1], n_heads, eps, causal)
     layers = _layers(layers, state, _sizes(state.shape[-1]), arguments)
@@ -1468,7 +1469,8 @@ def vjp_stack(u, memory, layers, grad_out, *, n_heads=1, eps=1e-5, final_norm=No
     each step's input is kept, each step's activations are recomputed when its adjoint runs.
     Every layer reads the same memory: ∂J/∂memory is the sum of the layers' contributions.
     """
-    arguments = {name: value for name, value in locals().items() if name != "final_norm"}  # forward's, an adapter's reading compares them
+    # the arguments forward gets, which an adapter's reading compares
+    arguments = {name: value for name, value in locals().items() if name != "final_norm"}
     state = _state(u)
     _, eps = _options(state.shape[-1], n_heads, eps, causal)
     layers = _layers(layers, state, _sizes(state.shape[-1]), arguments)

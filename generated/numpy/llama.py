@@ -1001,7 +1001,8 @@ def forward_stack(u, layers, *, n_heads=1, n_kv_heads=None, eps=1e-5, final_norm
 
     ``cache``: one dict per layer (``[{} for _ in layers]`` at the first call), see ``forward``.
     """
-    arguments = {name: value for name, value in locals().items() if name != "final_norm"}  # forward's, an adapter's reading compares them
+    # the arguments forward gets, which an adapter's reading compares
+    arguments = {name: value for name, value in locals().items() if name != "final_norm"}
     state = _state(u)
     _options(state.shape[-1], n_heads, eps, causal)
     _group_size(n_heads, n_heads if n_kv_heads is None else n_kv_heads)
@@ -1335,7 +1336,8 @@ def vjp_stack(u, layers, grad_out, *, n_heads=1, n_kv_heads=None, eps=1e-5, fina
     The costate runs backwards through the final projection and the steps (λⁿ = (∂Φ/∂uⁿ)ᵀ λⁿ⁺¹);
     each step's input is kept, each step's activations are recomputed when its adjoint runs.
     """
-    arguments = {name: value for name, value in locals().items() if name != "final_norm"}  # forward's, an adapter's reading compares them
+    # the arguments forward gets, which an adapter's reading compares
+    arguments = {name: value for name, value in locals().items() if name != "final_norm"}
     state = _state(u)
     _, eps = _options(state.shape[-1], n_heads, eps, causal)
     _group_size(n_heads, n_heads if n_kv_heads is None else n_kv_heads)

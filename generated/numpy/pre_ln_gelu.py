@@ -908,7 +908,8 @@ def forward_stack(u, layers, *, n_heads=1, eps=1e-5, final_norm=None, key_paddin
     """``len(layers)`` steps of pre-ln, then ``final_norm`` (mapping with ``gain``, ``bias``).
     The scheme's stacks end with that norm: with ``final_norm=None`` none is applied (the torch ``Stack`` takes one).
     """
-    arguments = {name: value for name, value in locals().items() if name != "final_norm"}  # forward's, an adapter's reading compares them
+    # the arguments forward gets, which an adapter's reading compares
+    arguments = {name: value for name, value in locals().items() if name != "final_norm"}
     state = _state(u)
     _options(state.shape[-1], n_heads, eps, causal)
     layers = _layers(layers, state, _sizes(state.shape[-1]), arguments)
@@ -1207,7 +1208,8 @@ def vjp_stack(u, layers, grad_out, *, n_heads=1, eps=1e-5, final_norm=None, key_
     The costate runs backwards through the final projection and the steps (λⁿ = (∂Φ/∂uⁿ)ᵀ λⁿ⁺¹);
     each step's input is kept, each step's activations are recomputed when its adjoint runs.
     """
-    arguments = {name: value for name, value in locals().items() if name != "final_norm"}  # forward's, an adapter's reading compares them
+    # the arguments forward gets, which an adapter's reading compares
+    arguments = {name: value for name, value in locals().items() if name != "final_norm"}
     state = _state(u)
     _, eps = _options(state.shape[-1], n_heads, eps, causal)
     layers = _layers(layers, state, _sizes(state.shape[-1]), arguments)

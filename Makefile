@@ -6,20 +6,28 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(TORCH_VERSION)
 
-.PHONY: demo test generate bench bench-gpu gpu-wheels bench-backward train-demo latex-check mutation clean
+.PHONY: lock demo test generate bench bench-gpu gpu-wheels bench-backward train-demo latex-check mutation clean
 
 # timm's tests run without torchvision (tests/timm_import.py stubs it): timm is installed alone,
-# never with its torchvision requirement, which needs a CUDA torch.
-$(STAMP): pyproject.toml
+# never with its torchvision requirement, which needs a CUDA torch. constraints.txt holds the versions the suite
+# last passed with (`make lock` writes it): a fresh clone installs those, not whatever the index offers that day
+# (NumPy 2.4.6's sin moved one Taylor test's step in session 46).
+$(STAMP): pyproject.toml constraints.txt
 	@echo "Installing splitformer with torch $(TORCH_VERSION) (CPU), transformers, timm and the test tools into $(VENV)" \
 		"(about 2 minutes, once; pip is quiet)"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "torch==$(TORCH_VERSION)"
-	$(BIN)/python -m pip install --quiet -e ".[torch,test,bench,docs]"
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[torch,test,bench,docs]"
 	$(BIN)/python -m pip install --quiet --no-deps "timm==$(TIMM_VERSION)"
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
+
+# Each package's version in the environment the suite passed in ($(VENV)), but torch and timm (pinned above) and
+# splitformer.
+lock:
+	{ echo "# The versions \`make\` installs (pip constraints). Written by \`make lock\` from the suite's environment."; \
+	  $(BIN)/python -m pip freeze --exclude-editable | grep -v -i -E '^(torch|timm|splitformer)=='; } > constraints.txt
 
 demo: $(STAMP)
 	$(BIN)/splitformer derive post-ln --backend all --out generated

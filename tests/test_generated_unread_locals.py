@@ -18,8 +18,9 @@ USER_SCHEMES = ("rotary-cross", "t5-pre-ln", "pre-rms-glu")
 
 
 def unread_locals(source: str) -> list[str]:
-    """``function: name (line n)`` for each name a function assigns alone (``name = …``; unpacking excepted, as
-    Python's linters do) and never reads, nested functions' reads included."""
+    """``function: name (line n)`` for each name a function assigns alone (``name = …``, or in a parallel assignment
+    ``a, b = x, y``; unpacking one value excepted, as Python's linters do) and never reads, nested functions' reads
+    included."""
     found = []
     for function in ast.walk(ast.parse(source)):
         if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -29,10 +30,19 @@ def unread_locals(source: str) -> list[str]:
         for node in ast.walk(function):
             if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
                 assigned.setdefault(node.targets[0].id, node.lineno)
+            elif isinstance(node, ast.Assign) and len(node.targets) == 1 and _parallel(node.targets[0], node.value):
+                for target in node.targets[0].elts:
+                    assigned.setdefault(target.id, node.lineno)
             elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
                 read.add(node.id)
-        found += [f"{function.name}: {name} (line {line})" for name, line in assigned.items() if name not in read]
+        found += [f"{function.name}: {name} (line {line})" for name, line in assigned.items() if name not in read | {"_"}]
     return found
+
+
+def _parallel(target: ast.expr, value: ast.expr) -> bool:
+    """Whether ``target = value`` binds names to as many values written out (``a, b = x, y``)."""
+    return (isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple) and len(target.elts) == len(value.elts)
+            and all(isinstance(element, ast.Name) for element in target.elts))
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda path: f"{path.parent.name}/{path.name}")
@@ -52,3 +62,5 @@ def test_the_check_finds_a_binding_nobody_reads():
     source = ("def step(p):\n    bias = p['b']\n    inference = True\n    weight = p['W']\n"
               "    def inner():\n        return weight\n    del bias\n    return inner()\n")
     assert unread_locals(source) == ["step: bias (line 2)", "step: inference (line 3)"]
+    parallel = "def step(p):\n    n, d = p['n'], p['d']\n    a, b = p['ab']\n    return n\n"  # llama's d_kv (s46)
+    assert unread_locals(parallel) == ["step: d (line 2)"]

@@ -148,7 +148,8 @@ def _group(costate_op: Elementwise, p: sp.Indexed, variance: str, p_bar, written
     if gradients:
         group += gradients
         comments = [op.comment for op in gradients] + comments
-    fused = NormalizeAdjoint(out, costate_op.labels, "\n".join(comments), costate_op.section, costate=costate,
+    # under the normalization's own section (P̄'s): λ before it is this substep's adjoint, not the one before's
+    fused = NormalizeAdjoint(out, costate_op.labels, "\n".join(comments), p_bar.section, costate=costate,
                              p=p_name, variance=variance, gain=gain, eps=EPSILON,
                              gradients=tuple(op.out for op in gradients) if gradients else None)
     if rest == 0:

@@ -5,7 +5,7 @@ Regenerate with: splitformer derive llama
 
 
 Every statement is a lowered assignment of the derivation; the comment above it is the
-assignment in index notation (LaTeX), so the code maps line by line to the report
+assignment in index notation (plain text; the report writes it in LaTeX), so the code maps line by line to the report
 ../reports/llama.md (beside this module's folder).
 
 Parameters (canonical names and shapes, row-vector convention u @ W + b):
@@ -1025,7 +1025,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads, n_kv_heads, pos, rope_theta):
     """The forward step, returning its output and the arrays its adjoint reads."""
     batch, n_tokens, d = u0.shape
     d_head = d // n_heads
-    n_rep, d_kv = n_heads // n_kv_heads, n_kv_heads * d_head
+    n_rep = n_heads // n_kv_heads
     d_half = d_head // 2
     d_ff = p["ffn.W_1"].shape[1]
     norm1_gain = p["norm1.gain"]

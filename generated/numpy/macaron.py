@@ -5,7 +5,7 @@ Regenerate with: splitformer derive macaron
 
 
 Every statement is a lowered assignment of the derivation; the comment above it is the
-assignment in index notation (LaTeX), so the code maps line by line to the report
+assignment in index notation (plain text; the report writes it in LaTeX), so the code maps line by line to the report
 ../reports/macaron.md (beside this module's folder).
 
 Parameters (canonical names and shapes, row-vector convention u @ W + b):
@@ -865,7 +865,7 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads):
     ffn_post_W_2 = p["ffn_post.W_2"]
     norm3_gain = p["norm3.gain"]
 
-    # --- adjoint of substep 5: ffn_post, explicit, fraction 1/2 ---
+    # --- adjoint of substep 6: norm3, projection ---
     # g̅_norm3[l] = Σ_i(P^norm3[i, l]*λ^(6)[i, l])
     # c̅_norm3[l] = Σ_i(λ^(6)[i, l])
     # P̅^norm3[i, l] = g_norm3[l]*λ^(6)[i, l]
@@ -877,6 +877,8 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads):
     # λ^(5)[i, l] = P̅^norm3[i, l]/sqrt(ε + β^norm3[i]) + 2*sqrt(ε + β^norm3[i])*β̅^norm3[i]*P^norm3[i, l]/N_y + α̅^norm3[i]/N_y
     u5_bar, norm3_gain_bar, norm3_bias_bar = _layer_norm_adjoint(u6_bar, norm3_p, norm3_beta, norm3_gain, eps)
     del norm3_beta, norm3_p, u6_bar
+
+    # --- adjoint of substep 5: ffn_post, explicit, fraction 1/2 ---
     # F̅^ffn_post[i, l] = λ^(5)[i, l]/2
     ffn_post_out_bar = u5_bar/2
     # W̅_{ffn_post,2}[z, l] = Σ_i(F̅^ffn_post[i, l]*s^ffn_post[i, z])
@@ -902,8 +904,6 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads):
     u4_bar += u5_bar.reshape(-1, d)
     u4_bar = u4_bar.reshape(batch, n_tokens, d)
     del ffn_post_w_bar, u5_bar
-
-    # --- adjoint of substep 3: attn, explicit ---
     # g̅_norm2[l] = Σ_i(P^norm2[i, l]*λ^(4)[i, l])
     # c̅_norm2[l] = Σ_i(λ^(4)[i, l])
     # P̅^norm2[i, l] = g_norm2[l]*λ^(4)[i, l]
@@ -915,6 +915,8 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads):
     # λ^(3)[i, l] = P̅^norm2[i, l]/sqrt(ε + β^norm2[i]) + 2*sqrt(ε + β^norm2[i])*β̅^norm2[i]*P^norm2[i, l]/N_y + α̅^norm2[i]/N_y
     u3_bar, norm2_gain_bar, norm2_bias_bar = _layer_norm_adjoint(u4_bar, norm2_p, norm2_beta, norm2_gain, eps)
     del norm2_beta, norm2_p, u4_bar
+
+    # --- adjoint of substep 3: attn, explicit ---
     # A̅^attn[i, l] = λ^(3)[i, l]
     attn_out_bar = u3_bar
     # W̅^O_attn[m, e, l] = Σ_i(O^attn[i, m, e]*A̅^attn[i, l])
@@ -963,8 +965,6 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads):
     # λ^(2)[i, l] = λ^(3)[i, l] + Σ_{m,e}(W^K_attn[l, m, e]*K̅^attn[i, m, e]) + Σ_{m,e}(W^Q_attn[l, m, e]*Q̅^attn[i, m, e]) + Σ_{m,e}(W^V_attn[l, m, e]*V̅^attn[i, m, e])
     u2_bar = np.add(t10, t8 + t9 + u3_bar, out=t10)
     del t10, t8, t9, u3_bar
-
-    # --- adjoint of substep 1: ffn_pre, explicit, fraction 1/2 ---
     # g̅_norm1[l] = Σ_i(P^norm1[i, l]*λ^(2)[i, l])
     # c̅_norm1[l] = Σ_i(λ^(2)[i, l])
     # P̅^norm1[i, l] = g_norm1[l]*λ^(2)[i, l]
@@ -976,6 +976,8 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads):
     # λ^(1)[i, l] = P̅^norm1[i, l]/sqrt(ε + β^norm1[i]) + 2*sqrt(ε + β^norm1[i])*β̅^norm1[i]*P^norm1[i, l]/N_y + α̅^norm1[i]/N_y
     u1_bar, norm1_gain_bar, norm1_bias_bar = _layer_norm_adjoint(u2_bar, norm1_p, norm1_beta, norm1_gain, eps)
     del norm1_beta, norm1_p, u2_bar
+
+    # --- adjoint of substep 1: ffn_pre, explicit, fraction 1/2 ---
     # F̅^ffn_pre[i, l] = λ^(1)[i, l]/2
     ffn_pre_out_bar = u1_bar/2
     # W̅_{ffn_pre,2}[z, l] = Σ_i(F̅^ffn_pre[i, l]*s^ffn_pre[i, z])

@@ -5,7 +5,7 @@ Regenerate with: splitformer derive pre-ln --activation gelu
 
 
 Every statement is a lowered assignment of the derivation; the comment above it is the
-assignment in index notation (LaTeX), so the code maps line by line to the report
+assignment in index notation (plain text; the report writes it in LaTeX), so the code maps line by line to the report
 ../reports/pre_ln_gelu.md (beside this module's folder).
 
 Parameters (canonical names and shapes, row-vector convention u @ W + b):
@@ -1035,8 +1035,6 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads):
     norm2_out_bar = ffn_w_bar.reshape(-1, d_ff) @ ffn_W_1.T
     norm2_out_bar = norm2_out_bar.reshape(batch, n_tokens, d)
     del ffn_w_bar
-
-    # --- adjoint of substep 1: attn, explicit on Proj(norm1) ---
     # g̅_norm2[l] = Σ_i(L̅N̅^norm2[i, l]*P^norm2[i, l])
     # c̅_norm2[l] = Σ_i(L̅N̅^norm2[i, l])
     # P̅^norm2[i, l] = g_norm2[l]*L̅N̅^norm2[i, l]
@@ -1046,6 +1044,8 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads):
     # t3[i] = Σ_l(P̅^norm2[i, l])
     norm2_x_bar, norm2_gain_bar, norm2_bias_bar = _layer_norm_adjoint(norm2_out_bar, norm2_p, norm2_beta, norm2_gain, eps)
     del norm2_beta, norm2_out_bar, norm2_p
+
+    # --- adjoint of substep 1: attn, explicit on Proj(norm1) ---
     # α̅^norm2[i] = -Σ_l(P̅^norm2[i, l])/sqrt(ε + β^norm2[i]) - 2*sqrt(ε + β^norm2[i])*β̅^norm2[i]*Σ_k(P^norm2[i, k])/N_y
     # λ^(1)[i, l] = λ^(2)[i, l] + P̅^norm2[i, l]/sqrt(ε + β^norm2[i]) + 2*sqrt(ε + β^norm2[i])*β̅^norm2[i]*P^norm2[i, l]/N_y + α̅^norm2[i]/N_y
     u1_bar = norm2_x_bar + u2_bar

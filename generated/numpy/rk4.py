@@ -5,7 +5,7 @@ Regenerate with: splitformer derive rk4
 
 
 Every statement is a lowered assignment of the derivation; the comment above it is the
-assignment in index notation (LaTeX), so the code maps line by line to the report
+assignment in index notation (plain text; the report writes it in LaTeX), so the code maps line by line to the report
 ../reports/rk4.md (beside this module's folder).
 
 Parameters (canonical names and shapes, row-vector convention u @ W + b):

@@ -5,7 +5,7 @@ Regenerate with: splitformer derive symmetric-parallel
 
 
 Every statement is a lowered assignment of the derivation; the comment above it is the
-assignment in index notation (LaTeX), so the code maps line by line to the report
+assignment in index notation (plain text; the report writes it in LaTeX), so the code maps line by line to the report
 ../reports/symmetric_parallel.md (beside this module's folder).
 
 Parameters (canonical names and shapes, row-vector convention u @ W + b):
@@ -903,8 +903,6 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads):
     # L̅N̅^{norm1,2}[i, l] = Σ_{m,e}(K̅^{attn,2}[i, m, e]*W^K_attn[l, m, e]) + Σ_{m,e}(Q̅^{attn,2}[i, m, e]*W^Q_attn[l, m, e]) + Σ_{m,e}(V̅^{attn,2}[i, m, e]*W^V_attn[l, m, e])
     norm12_out_bar = np.add(t2, t3 + t4, out=t2)
     del t2, t3, t4
-
-    # --- adjoint of branch substep 3: ffn, explicit on Proj(norm2) ---
     # P̅^{norm1,2}[i, l] = L̅N̅^{norm1,2}[i, l]*g_norm1[l]
     # t5[i] = Σ_l(P^{norm1,2}[i, l]*P̅^{norm1,2}[i, l])
     # β̅^{norm1,2}[i] = -Σ_l(P^{norm1,2}[i, l]*P̅^{norm1,2}[i, l])/(2*(ε + β^{norm1,2}[i]))
@@ -912,6 +910,8 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads):
     # t7[i] = Σ_l(P̅^{norm1,2}[i, l])
     norm12_x_bar, _, _ = _layer_norm_adjoint(norm12_out_bar, norm12_p, norm12_beta, norm1_gain, eps)
     del norm12_beta
+
+    # --- adjoint of branch substep 3: ffn, explicit on Proj(norm2) ---
     # α̅^{norm1,2}[i] = -Σ_l(P̅^{norm1,2}[i, l])/sqrt(ε + β^{norm1,2}[i]) - 2*sqrt(ε + β^{norm1,2}[i])*β̅^{norm1,2}[i]*Σ_k(P^{norm1,2}[i, k])/N_y
     # λ^(3)[i, l] = λ^(4)[i, l] + P̅^{norm1,2}[i, l]/sqrt(ε + β^{norm1,2}[i]) + 2*sqrt(ε + β^{norm1,2}[i])*β̅^{norm1,2}[i]*P^{norm1,2}[i, l]/N_y + α̅^{norm1,2}[i]/N_y
     u3_bar = norm12_x_bar + u4_bar
@@ -980,8 +980,6 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads):
     # g̅_norm2[l] = Σ_i(L̅N̅^{norm2,2}[i, l]*P^{norm2,2}[i, l]) + Σ_i(L̅N̅^norm2[i, l]*P^norm2[i, l])
     norm2_gain_bar = norm2_gain_bar_0 + norm2_gain_bar_1
     del norm2_gain_bar_0, norm2_gain_bar_1
-
-    # --- adjoint of branch substep 1: attn, explicit on Proj(norm1) ---
     # P̅^norm2[i, l] = g_norm2[l]*L̅N̅^norm2[i, l]
     # t11[i] = Σ_l(P^norm2[i, l]*P̅^norm2[i, l])
     # β̅^norm2[i] = -Σ_l(P^norm2[i, l]*P̅^norm2[i, l])/(2*(ε + β^norm2[i]))
@@ -989,6 +987,8 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads):
     # t13[i] = Σ_l(P̅^norm2[i, l])
     norm2_x_bar, _, _ = _layer_norm_adjoint(norm2_out_bar, norm2_p, norm2_beta, norm2_gain, eps)
     del norm2_beta, norm2_out_bar, norm2_p
+
+    # --- adjoint of branch substep 1: attn, explicit on Proj(norm1) ---
     # α̅^norm2[i] = -Σ_l(P̅^norm2[i, l])/sqrt(ε + β^norm2[i]) - 2*sqrt(ε + β^norm2[i])*β̅^norm2[i]*Σ_k(P^norm2[i, k])/N_y
     # λ^(1)[i, l] = λ^(2)[i, l] + P̅^norm2[i, l]/sqrt(ε + β^norm2[i]) + 2*sqrt(ε + β^norm2[i])*β̅^norm2[i]*P^norm2[i, l]/N_y + α̅^norm2[i]/N_y
     u1_bar = norm2_x_bar + u2_bar
@@ -1087,6 +1087,8 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads):
     # t20[i] = Σ_l(P̅^norm1[i, l])
     norm1_x_bar, _, _ = _layer_norm_adjoint(norm1_out_bar, norm1_p, norm1_beta, norm1_gain, eps)
     del norm1_beta, norm1_out_bar, norm1_p
+
+    # --- adjoint of branch substep 3: ffn, explicit on Proj(norm2) ---
     # P̅^{norm2,2}[i, l] = L̅N̅^{norm2,2}[i, l]*g_norm2[l]
     # t8[i] = Σ_l(P^{norm2,2}[i, l]*P̅^{norm2,2}[i, l])
     # β̅^{norm2,2}[i] = -Σ_l(P^{norm2,2}[i, l]*P̅^{norm2,2}[i, l])/(2*(ε + β^{norm2,2}[i]))
@@ -1094,6 +1096,8 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads):
     # t10[i] = Σ_l(P̅^{norm2,2}[i, l])
     norm22_x_bar, _, _ = _layer_norm_adjoint(norm22_out_bar, norm22_p, norm22_beta, norm2_gain, eps)
     del norm22_beta, norm22_out_bar, norm22_p
+
+    # --- adjoint of branch substep 1: attn, explicit on Proj(norm1) ---
     # α̅^norm1[i] = -Σ_l(P̅^norm1[i, l])/sqrt(ε + β^norm1[i]) - 2*sqrt(ε + β^norm1[i])*β̅^norm1[i]*Σ_k(P^norm1[i, k])/N_y
     # α̅^{norm2,2}[i] = -Σ_l(P̅^{norm2,2}[i, l])/sqrt(ε + β^{norm2,2}[i]) - 2*sqrt(ε + β^{norm2,2}[i])*β̅^{norm2,2}[i]*Σ_k(P^{norm2,2}[i, k])/N_y
     # λ^(0)[i, l] = λ^(1)[i, l] + λ^(3)[i, l] + P̅^{norm2,2}[i, l]/sqrt(ε + β^{norm2,2}[i]) + P̅^norm1[i, l]/sqrt(ε + β^norm1[i]) + 2*sqrt(ε + β^norm1[i])*β̅^norm1[i]*P^norm1[i, l]/N_y + 2*sqrt(ε + β^{norm2,2}[i])*β̅^{norm2,2}[i]*P^{norm2,2}[i, l]/N_y + α̅^norm1[i]/N_y + α̅^{norm2,2}[i]/N_y

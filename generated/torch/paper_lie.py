@@ -5,7 +5,7 @@ Regenerate with: splitformer derive paper-lie
 
 
 Every statement is a lowered assignment of the derivation; the comment above it is the
-assignment in index notation (LaTeX), so the code maps line by line to the report
+assignment in index notation (plain text; the report writes it in LaTeX), so the code maps line by line to the report
 ../reports/paper_lie.md (beside this module's folder).
 
 Parameters (canonical names and shapes, row-vector convention u @ W + b):
@@ -766,7 +766,7 @@ def _vjp_backward(saved, u7_bar, p, chi, eps, n_heads, need_u=True):
     ffn2_W = p["ffn2.W"]
     norm2_gain = p["norm2.gain"]
 
-    # --- adjoint of substep 6: parallel: 1/2·(sequence) + 1/2·u ---
+    # --- adjoint of substep 7: norm2, projection ---
     # g̅_norm2[l] = Σ_i(P^norm2[i, l]*λ^(7)[i, l])
     # c̅_norm2[l] = Σ_i(λ^(7)[i, l])
     # P̅^norm2[i, l] = g_norm2[l]*λ^(7)[i, l]
@@ -814,8 +814,6 @@ def _vjp_backward(saved, u7_bar, p, chi, eps, n_heads, need_u=True):
     # λ^(2)[i, l] = λ^(3)[i, l] + λ^(6)[i, l]/2 + Σ_k(W_ffn1[l, k]*L̅^ffn1[i, k])
     u2_bar = t4.add_(u6_bar/2 + u3_bar) if inference else u6_bar/2 + t4 + u3_bar
     del t4, u3_bar, u6_bar
-
-    # --- adjoint of substep 1: attn, explicit ---
     # g̅_norm1[l] = Σ_i(P^norm1[i, l]*λ^(2)[i, l])
     # c̅_norm1[l] = Σ_i(λ^(2)[i, l])
     # P̅^norm1[i, l] = g_norm1[l]*λ^(2)[i, l]
@@ -827,6 +825,8 @@ def _vjp_backward(saved, u7_bar, p, chi, eps, n_heads, need_u=True):
     # λ^(1)[i, l] = P̅^norm1[i, l]/sqrt(ε + β^norm1[i]) + 2*sqrt(ε + β^norm1[i])*β̅^norm1[i]*P^norm1[i, l]/N_y + α̅^norm1[i]/N_y
     u1_bar, norm1_gain_bar, norm1_bias_bar = _layer_norm_adjoint(u2_bar, norm1_p, norm1_beta, norm1_gain, eps)
     del norm1_beta, norm1_p, u2_bar
+
+    # --- adjoint of substep 1: attn, explicit ---
     # A̅^attn[i, l] = λ^(1)[i, l]
     attn_out_bar = u1_bar
     # W̅^O_attn[m, e, l] = Σ_i(O^attn[i, m, e]*A̅^attn[i, l])
@@ -1227,7 +1227,7 @@ class Block(_CanonicalModule):
         batch, n_tokens, d = u0.shape[0], u0.shape[1], u0.shape[2]
         if self.n_heads < 1 or d % self.n_heads:  # checked when built; a value set since here
             raise ValueError(f"n_heads = {self.n_heads} set after construction does not divide d_model = {d}")
-        n_heads, d_head, d_ff, eps = self.n_heads, d // self.n_heads, self.d_ff, self.eps
+        n_heads, d_head, eps = self.n_heads, d // self.n_heads, self.eps
         if not 0.0 <= eps < float("inf"):  # checked when built; a value set since (a tester's −5 gave NaN) here
             raise ValueError(f"eps must be finite and >= 0, got {eps}")
         dropout_p = self.dropout if self.training else 0.0

@@ -5,7 +5,7 @@ Regenerate with: splitformer derive post-ln --activation gelu
 
 
 Every statement is a lowered assignment of the derivation; the comment above it is the
-assignment in index notation (LaTeX), so the code maps line by line to the report
+assignment in index notation (plain text; the report writes it in LaTeX), so the code maps line by line to the report
 ../reports/post_ln_gelu.md (beside this module's folder).
 
 Parameters (canonical names and shapes, row-vector convention u @ W + b):
@@ -757,7 +757,7 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads, need_u=True):
     ffn_W_2 = p["ffn.W_2"]
     norm2_gain = p["norm2.gain"]
 
-    # --- adjoint of substep 3: parallel: 1/2·(u + 2Δt·ffn(u)) + 1/2·u ---
+    # --- adjoint of substep 4: norm2, projection ---
     # g̅_norm2[l] = Σ_i(P^norm2[i, l]*λ^(4)[i, l])
     # c̅_norm2[l] = Σ_i(λ^(4)[i, l])
     # P̅^norm2[i, l] = g_norm2[l]*λ^(4)[i, l]
@@ -769,6 +769,8 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads, need_u=True):
     # λ^(3)[i, l] = P̅^norm2[i, l]/sqrt(ε + β^norm2[i]) + 2*sqrt(ε + β^norm2[i])*β̅^norm2[i]*P^norm2[i, l]/N_y + α̅^norm2[i]/N_y
     u3_bar, norm2_gain_bar, norm2_bias_bar = _layer_norm_adjoint(u4_bar, norm2_p, norm2_beta, norm2_gain, eps)
     del norm2_beta, norm2_p, u4_bar
+
+    # --- adjoint of substep 3: parallel: 1/2·(u + 2Δt·ffn(u)) + 1/2·u ---
     # F̅^ffn[i, l] = λ^(3)[i, l]
     ffn_out_bar = u3_bar
     # W̅_{ffn,2}[z, l] = Σ_i(F̅^ffn[i, l]*s^ffn[i, z])
@@ -792,8 +794,6 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads, need_u=True):
     # λ^(2)[i, l] = λ^(3)[i, l] + Σ_z(W_{ffn,1}[l, z]*w̅^ffn[i, z])
     u2_bar = torch.addmm(u3_bar.reshape(-1, d), ffn_w_bar.reshape(-1, d_ff), ffn_W_1.t()).view(batch, n_tokens, d)
     del ffn_w_bar, u3_bar
-
-    # --- adjoint of substep 1: attn, explicit ---
     # g̅_norm1[l] = Σ_i(P^norm1[i, l]*λ^(2)[i, l])
     # c̅_norm1[l] = Σ_i(λ^(2)[i, l])
     # P̅^norm1[i, l] = g_norm1[l]*λ^(2)[i, l]
@@ -805,6 +805,8 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads, need_u=True):
     # λ^(1)[i, l] = P̅^norm1[i, l]/sqrt(ε + β^norm1[i]) + 2*sqrt(ε + β^norm1[i])*β̅^norm1[i]*P^norm1[i, l]/N_y + α̅^norm1[i]/N_y
     u1_bar, norm1_gain_bar, norm1_bias_bar = _layer_norm_adjoint(u2_bar, norm1_p, norm1_beta, norm1_gain, eps)
     del norm1_beta, norm1_p, u2_bar
+
+    # --- adjoint of substep 1: attn, explicit ---
     # A̅^attn[i, l] = λ^(1)[i, l]
     attn_out_bar = u1_bar
     # W̅^O_attn[m, e, l] = Σ_i(O^attn[i, m, e]*A̅^attn[i, l])

@@ -66,3 +66,27 @@ def test_a_costate_holding_two_layer_norm_adjoints_gets_both():
     assert all(op.gradients is None for op in _fused(adjoint).values())
     (total,) = [op for op in adjoint.ops if op.out == "u1_bar"]
     assert set(total.reads()) == {"norm12_x_bar", "norm22_x_bar"}
+
+
+def test_each_layer_norm_adjoint_sits_under_its_own_substeps_header():
+    """A reader (s46): the fused adjoint took the section of the costate it writes (λ of the substep before), so
+    post-ln's norm2 adjoint sat under "adjoint of substep 3: parallel …" and substep 4 had no header. Each fused op
+    has its normalization's section; the control reads the section of the costate's own statement."""
+    from conftest import GENERATED
+
+    source = (GENERATED / "numpy" / "post_ln.py").read_text(encoding="utf-8").splitlines()
+    header = ""
+    sections = {}
+    for line in source:
+        if line.strip().startswith("# --- adjoint of"):
+            header = line.strip()
+        elif "_layer_norm_adjoint(" in line and "=" in line:
+            sections[line.split("(")[1].split(",")[0]] = header
+    assert sections == {"u4_bar": "# --- adjoint of substep 4: norm2, projection ---",
+                        "u2_bar": "# --- adjoint of substep 2: norm1, projection ---",
+                        "u1_bar": "# --- adjoint of substep 1: final_norm, projection ---"}  # a stack's final norm
+    fused = _fused(lowered_backward("post-ln", DEFAULT).adjoint)
+    assert {name: op.section for name, op in fused.items()} == {"u3_bar": "adjoint of substep 4: norm2, projection",
+                                                                "u1_bar": "adjoint of substep 2: norm1, projection"}
+    costates = {op.out: op.section for op in lowered_backward("post-ln", WITHOUT).adjoint.ops}  # control: λ's own
+    assert costates["u3_bar"].startswith("adjoint of substep 3") and costates["u1_bar"].startswith("adjoint of substep 1")

@@ -197,6 +197,29 @@ def test_a_runge_kutta_step_of_some_fields_is_a_sub_flow_of_their_sum():
     assert not order_check(lie_heun, splitting_order(lie_heun)).holds
 
 
+def _relaxation(fractions: tuple[str, str], claim: int | None = None) -> str:
+    """One field, a parallel step of two branches ``ffn`` by ``fractions`` (``"0"``: an empty branch), weights ½, ½."""
+    branches = ", ".join("[]" if f == "0" else f'[{{ operator = "ffn", solver = "explicit", fraction = {f} }}]'
+                         for f in fractions)
+    return ('name = "relax"\nsummary = "r"\n' + (f"splitting_order = {claim}\n" if claim else "")
+            + f'[operators]\nffn = "feed-forward"\n[[steps]]\nparallel = [{branches}]\nweights = ["1/2", "1/2"]\n')
+
+
+def test_multiples_of_the_field_that_do_not_compose_to_its_flow_are_a_splitting():
+    """An order auditor (s46): post-LN's relaxation without its attention, ½ φ_{2hG} + ½ u, was "not a splitting" (its
+    sub-flows are multiples of the one field) and a true ``splitting_order = 1`` was refused; with exact sub-flows it
+    is φ_{hG} + ½ h² G² + …, splitting order 1 (the auditor's evaluator measured local slope 2.00). Two whole steps
+    averaged are the flow: still no splitting (control)."""
+    relaxed = splitting_order(parse_scheme(_relaxation(("2", "0"))))
+    assert (relaxed.order, relaxed.splitting_order, relaxed.splitting_note) == (1, 1, "")
+    h, ffn = order_module.STEP, order_module.generator("ffn")
+    assert sp.simplify(relaxed.exact_subflows_leading - h ** 2 * ffn ** 2 / 2) == 0, relaxed.exact_subflows_leading
+    assert order_check(parse_scheme(_relaxation(("2", "0"), claim=1)), relaxed).holds
+    assert not order_check(parse_scheme(_relaxation(("2", "0"), claim=2)), relaxed).holds
+    averaged = splitting_order(parse_scheme(_relaxation(("1", "1"))))
+    assert averaged.splitting_order is None and averaged.splitting_note.startswith("not a splitting"), averaged
+
+
 def test_the_slope_with_exact_subflows_integrates_a_runge_kutta_step_as_the_flow_of_its_field():
     """Strang with the middle sub-flow by one Heun step: own solvers order 1 (the Euler halves), exact sub-flows 2 —
     the slope of the exact sub-flows (the Heun step's integrated over the whole step) confirms 2."""

@@ -204,11 +204,17 @@ class _Mode:
         self.lines = []
 
 
+#: The one generator of ``_Analysis(…, one_field=True)``: every field of the step as one.
+_WHOLE = "G"
+
+
 class _Analysis:
-    def __init__(self, scheme: Scheme, names: dict[str, str], own: bool):
+    def __init__(self, scheme: Scheme, names: dict[str, str], own: bool, one_field: bool = False):
         from splitformer.symbolic.equation import equation_terms
 
         self.colours = _colours(scheme, names)
+        if one_field:
+            self.colours = {field: _WHOLE for field in self.colours}
         self.forest = Forest(tuple(sorted(set(self.colours.values()))))
         self.program = program = Program()
         exact_field: dict[str, Fraction] = {}
@@ -223,9 +229,11 @@ class _Analysis:
             self.modes["order"] = _Mode(_Builder(program, self.colours, False).sequence(scheme.body, 0))
         exact = _Builder(program, self.colours, True)
         split = exact.sequence(scheme.body, 0)
-        # a splitting where some sub-flow's field is not a multiple of the equation's (one field's sub-flows, a
-        # Runge–Kutta step of every field or its half steps are the equation's own flow)
-        if any(not _proportional(flow, exact_field) for flow in exact.flows):
+        # a splitting where some sub-flow's field is not a multiple of the equation's, or where the multiples do
+        # not compose to its flow (a relaxation ½ φ_{2hG} + ½ u); one field's sub-flows, a Runge–Kutta step of every
+        # field or its fractional steps in sequence are the equation's own flow: no splitting
+        if one_field or not all(_proportional(flow, exact_field) for flow in exact.flows) or \
+                _multiples_order(scheme) is not None:
             self.modes["splitting"] = _Mode(split)
         self.checked = 0
         self._decide()
@@ -299,6 +307,14 @@ class _Analysis:
     def field(self) -> Series:
         return Series.field([(sp.Rational(c.numerator, c.denominator), generator(colour))
                              for colour, c in self.exact_field.items()], MAX_NODES)
+
+
+def _multiples_order(scheme: Scheme) -> int | None:
+    """The order of the exact sub-flows' composition where each is the flow of a multiple of the whole field G: they
+    commute, so the step is Σ_i w_i φ_{s_i h G}, decided on the trees of G alone (order p: Σ_i w_i s_i^k = 1 for k ≤ p;
+    post-LN's relaxation without its attention, ½ φ_{2hG} + ½ u, has order 1). None where it is G's own flow on every
+    tree checked."""
+    return _Analysis(scheme, {key: key for key in scheme.operators}, own=False, one_field=True).modes["splitting"].order
 
 
 def _walk(tree):
@@ -403,7 +419,7 @@ def splitting_order(scheme: Scheme) -> OrderResult:
 def _splitting_note(analysis: _Analysis, split: _Mode | None) -> str:
     """Why the splitting order is no number (``""`` where it is one)."""
     if split is None:
-        return "not a splitting: every sub-flow is a multiple of the whole field"
+        return "not a splitting: every sub-flow is a multiple of the whole field, and together they are its flow"
     if split.order is not None:
         return ""
     if split.undecided:

@@ -248,3 +248,19 @@ def test_a_slope_above_the_trees_order_says_the_fields_may_satisfy_more_conditio
     below = convergence_check(scheme, Study(scheme.name, (1, 2, 4, 8, 16, 32), errors, 0.4), 1)
     assert not above.holds and "commuting fields make every splitting exact" in above.detail
     assert not below.holds and "commuting" not in below.detail
+
+
+def test_one_operator_on_two_projections_is_two_generators_and_both_are_named():
+    """An order auditor (s46): attention ½ on the raw state, the feed-forward, attention ½ on norm1. The leading error
+    had three generators (attn, attn@norm1, ffn); ``generators`` named two, ``attn`` as "on Proj(norm1)" (the last
+    substep's ``on`` won), and the order statement listed "(attn, ffn)"."""
+    steps = "".join(f'[[steps]]\noperator = "{operator}"\nsolver = "explicit"\n' + (f'on = "{on}"\n' if on else "")
+                    + (f'fraction = "{fraction}"\n' if fraction else "")
+                    for operator, on, fraction in (("attn", "", "1/2"), ("ffn", "", ""), ("attn", "norm1", "1/2")))
+    scheme = parse_scheme('name = "onmix"\nsummary = "s"\nsplitting_order = 1\n[operators]\nnorm1 = "layer-norm"\n'
+                          'attn = "attention"\nffn = "feed-forward"\n' + steps)
+    result = splitting_order(scheme)
+    assert result.generators == {"attn": "attention attn", "attn@norm1": "attention attn on Proj(norm1)",
+                                 "ffn": "feed-forward ffn"}
+    assert {str(symbol) for symbol in result.exact_subflows_leading.free_symbols} - {"h"} == set(result.generators)
+    assert "(attn, ffn, attn@norm1)" in order_check(scheme, result).statement  # in the step's order

@@ -393,7 +393,6 @@ def splitting_order(scheme: Scheme) -> OrderResult:
     if len(set(by_kind.values())) < len(by_kind):
         merged = _Analysis(scheme, by_kind, own=False)
         tied, work = (merged.modes["splitting"].order if "splitting" in merged.modes else None), work + merged.program.work
-    fields = {step.operator: step.on for step in scheme.substeps() if step.solver != "projection"}
     shown = _as_power(leading, words, analysis.field())
     return OrderResult(
         order=own.order,
@@ -404,8 +403,7 @@ def splitting_order(scheme: Scheme) -> OrderResult:
         leading_error_text=_shown(shown, own, analysis, plain_text),
         leading=leading,
         exact_subflows_leading=split_leading,
-        generators={key: f"{scheme.operators[key]} {key}" + (f" on Proj({on})" if on else "")
-                    for key, on in fields.items()},
+        generators=_generators(scheme, analysis.colours),
         tied_splitting_order=tied,
         conditions=tuple(own.lines),
         splitting_conditions=tuple(split.lines) if split is not None else (),
@@ -414,6 +412,20 @@ def splitting_order(scheme: Scheme) -> OrderResult:
         is_splitting=split is not None,
         splitting_note=_splitting_note(analysis, split),
     )
+
+
+def _generators(scheme: Scheme, colours: dict[tuple, str]) -> dict[str, str]:
+    """Each generator (colour) of the trees and the field it stands for: an operator's kind and name, with the
+    projection it reads, the map after it, its combiner and its token shift (one operator read on two projections is
+    two generators, ``attn`` and ``attn@norm1``)."""
+    named: dict[str, str] = {}
+    for step in scheme.substeps():  # in the step's order
+        if step.solver != "projection":
+            operator, on, then, _, combine, shift = step.field
+            named.setdefault(colours[step.field], f"{scheme.operators[operator]} {operator}" + (
+                f" on Proj({on})" if on else "") + (f" then {then}" if then else "") + (
+                f" combined by {combine}" if combine else "") + (f" shifted by {shift}" if shift else ""))
+    return named
 
 
 def _splitting_note(analysis: _Analysis, split: _Mode | None) -> str:

@@ -264,3 +264,13 @@ def test_one_operator_on_two_projections_is_two_generators_and_both_are_named():
                                  "ffn": "feed-forward ffn"}
     assert {str(symbol) for symbol in result.exact_subflows_leading.free_symbols} - {"h"} == set(result.generators)
     assert "(attn, ffn, attn@norm1)" in order_check(scheme, result).statement  # in the step's order
+
+
+def test_the_convergence_statement_of_a_causal_scheme_says_its_support_is_left_out():
+    """An order auditor (s46): gpt2, pre-ln and a causal pre-ln gave the same errors: the study attends to every token
+    (no order condition reads the support), which the statement did not say. Control: pre-ln's says nothing of it."""
+    from types import SimpleNamespace
+
+    study = SimpleNamespace(errors=[1.0], steps=[1, 2], finite_reference=False)
+    assert "causal support" in convergence_check(load_scheme("gpt2"), study, 1).statement
+    assert "causal" not in convergence_check(load_scheme("pre-ln"), study, 1).statement

@@ -80,10 +80,7 @@ def _orders(derivation: Derivation) -> tuple[int | None, int | None, str, str]:
         order = derivation.order
         return order.order, order.splitting_order, order.leading_error, order.leading_error_text
     series = across.order()
-    field = sp.Function("f")(sp.Symbol("x"))
-    leading = series.leading.replace(
-        lambda node: isinstance(node, sp.Derivative) and node.expr == field,
-        lambda node: sp.Symbol("G" + "'" * node.derivative_count)).subs(field, sp.Symbol("G"))
+    leading = series.leading_in_fields
     return series.order, None, sp.latex(leading), str(leading)
 
 

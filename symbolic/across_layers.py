@@ -150,6 +150,14 @@ class AcrossLayerOrder:
     order: int
     leading: sp.Expr
 
+    @property
+    def leading_in_fields(self) -> sp.Expr:
+        """``leading`` written in the field ``G`` and its derivatives (``G'``, ``G''``) instead of ``f(x)``."""
+        field = sp.Function("f")(sp.Symbol("x"))
+        return self.leading.replace(
+            lambda node: isinstance(node, sp.Derivative) and node.expr == field,
+            lambda node: sp.Symbol("G" + "'" * node.derivative_count)).subs(field, sp.Symbol("G"))
+
 
 def _series_order(method: AcrossLayers) -> AcrossLayerOrder:
     """Local error of one layer from exact history on ``u' = s f(u)``, by Taylor series in ``Δt``."""

@@ -156,8 +156,11 @@ def test_order_and_convergence_checks_hold_and_their_controls_fail():
     scheme = load_scheme(SCHEMES / "adams-bashforth.toml")
     check, recorded = across_order_check(scheme)
     assert check.holds and recorded["order"] == 2
+    # as compare writes it, not in SymPy's f(x) and Derivative (an order auditor, s46)
+    assert recorded["leading_error"] == "-5*G*h**3*(G*G'' + G'**2)/12" and "Derivative" not in check.detail
     convergence, study = across_convergence(scheme, 2)
     assert convergence.holds and abs(study.slope - 2) < 0.3
+    assert "layers of Δt = 1/N_t) against u' = 1·G(u) over [0, 1] " in convergence.statement  # not 1/(1 N_t), 1/1
     wrong = _two_step('["2", "-1"]', 2)  # consistent weights of the wrong method claiming AB2's order
     check, recorded = across_order_check(wrong)
     assert not check.holds and recorded["order"] == 1
@@ -170,6 +173,7 @@ def test_momentum_converges_to_the_scaled_flow_only():
     check, recorded = across_order_check(scheme)
     assert check.holds and recorded["order"] == 1 and recorded["consistent_scale"] == "2"
     assert across_convergence(scheme, 1)[0].holds
+    assert "layers of Δt = 1/(2 N_t)) against u' = 2·G(u) over [0, 1/2] " in across_convergence(scheme, 1)[0].statement
     assert not across_convergence(scheme, 1, scale=1.0)[0].holds  # not the flow of G itself
 
 

@@ -82,6 +82,12 @@ def convergence_budget(scheme: Scheme) -> Check | None:
                  f"{MAX_LAYERS} it takes on (momentum up to 127/128)")
 
 
+def _over(scale: float, count: str = "") -> str:
+    """``1/(scale count)``, written without a scale of 1 (``1/N_t``, ``1``)."""
+    denominator = " ".join(filter(None, ("" if scale == 1 else f"{scale:g}", count)))
+    return "1" if not denominator else f"1/{denominator}" if " " not in denominator else f"1/({denominator})"
+
+
 def consistent_scale(across: AcrossLayers) -> float:
     """The ``s`` of the flow ``u' = s G(u)`` the method converges to: a fixed momentum ``β`` sums the
     geometric series ``1 + β + β² + … = 1/(1 − β)`` of past increments."""
@@ -92,7 +98,7 @@ def across_order_check(scheme: Scheme) -> tuple[Check | None, dict]:
     """The claimed order against the series; the orders to record (``order``, the scale, the leading error)."""
     result = scheme.across_layers.order()
     recorded = {"order": result.order, "splitting_order": None, "tied_splitting_order": None,
-                "leading_error": str(result.leading), "exact_subflows_error": None, "generators": [],
+                "leading_error": str(result.leading_in_fields), "exact_subflows_error": None, "generators": [],
                 "projections": PROJECTIONS, "conditions": [], "splitting_conditions": [], "checked_nodes": None,
                 "across_layers": scheme.across_layers.method, "consistent_scale": str(result.scale)}
     claimed = scheme.claims.get("order")
@@ -105,7 +111,7 @@ def across_order_check(scheme: Scheme) -> tuple[Check | None, dict]:
         "error from exact history on u' = s f(u) (scalar, f generic, s the scale that makes it consistent) is "
         f"O(h^{claimed + 1}) and not O(h^{claimed + 2}); projections held out.",
         "symbolic", result.order == claimed,
-        f"series: order {result.order} for the flow {flow}; leading local error {result.leading}"
+        f"series: order {result.order} for the flow {flow}; leading local error (G = f) {result.leading_in_fields}"
         + ("" if result.order == claimed else f"; claimed {claimed}"),
     ), recorded
 
@@ -132,8 +138,8 @@ def across_convergence(scheme: Scheme, order: int, seed: int = 0, scale: float |
         f"convergence/{scheme.name}", scheme.name,
         f"On the continuous model with frozen smooth nonlinear fields (tanh activation, projections held out), "
         f"the error of {scheme.name} ({scheme.across_layers.method} across N_t = "
-        f"{', '.join(map(str, counts))} layers of Δt = 1/({consistent:g} N_t)) against u' = {s:g}·G(u) over "
-        f"[0, 1/{consistent:g}] decays with slope within {TOLERANCE} of its series order {order}.",
+        f"{', '.join(map(str, counts))} layers of Δt = {_over(consistent, 'N_t')}) against u' = {s:g}·G(u) over "
+        f"[0, {_over(consistent)}] decays with slope within {TOLERANCE} of its series order {order}.",
         "numeric", abs(slope - order) <= TOLERANCE,
         f"empirical order {slope:.3f} (fit over the three finest steps); errors "
         + ", ".join(f"{error:.2e}" for error in errors))

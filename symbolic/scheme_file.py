@@ -359,8 +359,8 @@ def scheme_path(name_or_path: str | os.PathLike) -> Path | None:
         if name_or_path in network_names():
             raise SplitformerError(f"{name_or_path!r} is a built-in network, not a block scheme "
                                    f"(the CLI takes it: `splitformer derive {name_or_path}`, `show`, `check`)")
-        raise SplitformerError(f"unknown scheme {name_or_path!r} (built-in: {known}; networks, for derive and "
-                               f"check: {', '.join(network_names())}; or a path to a .toml file)")
+        raise SplitformerError(f"unknown scheme {name_or_path!r} (built-in: {known}; networks, for derive, show "
+                               f"and check: {', '.join(network_names())}; or a path to a .toml file)")
     return path
 
 

@@ -248,7 +248,7 @@ def test_a_network_name_given_as_a_scheme_says_what_it_is():
     with pytest.raises(SplitformerError, match="'vit' is a built-in network, not a block scheme"):
         splitformer.load_scheme("vit")
     assert isinstance(splitformer.derive("vit"), splitformer.NetworkDerivation)
-    with pytest.raises(SplitformerError, match="networks, for derive and check: .*vit"):
+    with pytest.raises(SplitformerError, match="networks, for derive, show and check: .*vit"):
         splitformer.derive("no-such")
 
 

@@ -25,9 +25,9 @@ ACTIVATION_CLASSES = {"ReLU": "relu", "GELUActivation": "gelu", "SiLU": "silu", 
 ACTIVATION_FUNCTIONS = {"relu": "relu", "gelu": "gelu", "silu": "silu", "tanh": "tanh"}
 
 
-def activation_name(owner: str, function: Any) -> str:
+def activation_name(owner: str, function: Any, tanh_gelu: bool = True) -> str:
     """The scheme activation ``function`` computes (torch's ``GELU`` exact or tanh-approximated); anything else is
-    refused."""
+    refused, the message listing the tanh form only where the caller reads it (``tanh_gelu``)."""
     import torch
 
     name = library_name(function)  # a user class runs (and is read as) the library class it derives from
@@ -41,8 +41,8 @@ def activation_name(owner: str, function: Any) -> str:
         return ACTIVATION_FUNCTIONS[plain]
     shown = plain or repr(function)
     raise SplitformerError(f"{owner} activation {shown} has no scheme activation "
-                           f"(supported: {', '.join(sorted(set(ACTIVATION_FUNCTIONS)))}, and torch's GELU exact or "
-                           "approximate='tanh')")
+                           f"(supported: {', '.join(sorted(set(ACTIVATION_FUNCTIONS)))}, and torch's GELU exact"
+                           + (" or approximate='tanh')" if tanh_gelu else ")"))
 
 
 def check_attention(owner: str, path: str, attention: Any, head_dim: int, scheme: str) -> None:

@@ -59,7 +59,7 @@ ENCODER_PARTS = {"self_attn": "MultiheadAttention", "self_attn.out_proj": "Linea
 def read_encoder_layer(layer: Any) -> Adapted:
     """A ``TransformerEncoderLayer``: post-ln (``norm_first=False``) or pre-ln, ReLU or GELU."""
     check_parts("TransformerEncoderLayer", layer, ENCODER_PARTS)
-    activation = activation_name("TransformerEncoderLayer", layer.activation)
+    activation = activation_name("TransformerEncoderLayer", layer.activation, tanh_gelu=False)
     # the activation torch's fast path computes; 0: no fast path (torch.relu, a callable of one's own), the slow
     # path computes layer.activation, which was read above
     fast = getattr(layer, "activation_relu_or_gelu", None)

@@ -319,6 +319,17 @@ def test_an_activation_replaced_after_construction_is_refused():
         from_torch(layer)
 
 
+def test_an_encoder_layers_unknown_activation_lists_only_what_the_layer_reads():
+    """A docs auditor (s46): the refusal listed "torch's GELU exact or approximate='tanh'", and the tanh GELU was then
+    refused too (torch's layer computes it outside its fast path only). x-transformers' message keeps it (control)."""
+    with pytest.raises(SplitformerError, match=r"supported: gelu, relu, silu, tanh, and torch's GELU exact\)$"):
+        from_torch(encoder_layer(activation=torch.nn.functional.leaky_relu))
+    from splitformer.codegen.adapters.common import activation_name
+
+    with pytest.raises(SplitformerError, match="exact or approximate='tanh'"):
+        activation_name("x-transformers ff", torch.nn.functional.leaky_relu)
+
+
 def test_a_llama_activation_module_is_read():
     layer = randomized(LlamaDecoderLayer(llama_config(16, 4, 2, d_ff=24), layer_idx=0))
     layer.mlp.act_fn = torch.nn.ReLU()

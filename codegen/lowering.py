@@ -182,9 +182,9 @@ class Lowering:
         return Operand(str(indexed.base.label), self.labels(indexed))
 
     def comment(self, assignment: Assignment, rhs: sp.Expr | None = None) -> str:
-        """The plain-text formula above the statements of ``assignment``: a network's with its time step, a
-        block's as lowered (``rhs``, Δt = 1)."""
-        shown = assignment.rhs if self.network or rhs is None else rhs
+        """The plain-text formula above the statements of ``assignment``: a network's as derived, a block's as lowered
+        (``rhs``); Δt = 1 in both, as in the code."""
+        shown = assignment.rhs.xreplace({TIME_STEP: sp.Integer(1)}) if self.network or rhs is None else rhs
         return plain_equation(assignment.lhs, shown, self.program.latex_names())
 
     def assignment(self, assignment: Assignment, section: str = "") -> None:

@@ -1354,7 +1354,7 @@ def _step(u0, p, config, eps):
     del attn_o
 
     # --- residual sum ---
-    # u_1[i, l] = Δt*A^attn[i, l] + u0[i, l]
+    # u_1[i, l] = A^attn[i, l] + u0[i, l]
     u1 = np.add(attn_out, u0, out=attn_out)
     del attn_out
 
@@ -1381,7 +1381,7 @@ def _step(u0, p, config, eps):
     del ffn_s
 
     # --- residual sum ---
-    # u_2[i, l] = Δt*F^ffn[i, l] + u_1[i, l]
+    # u_2[i, l] = F^ffn[i, l] + u_1[i, l]
     u2 = np.add(ffn_out, u1, out=ffn_out)
     del ffn_out, u1
     return u2
@@ -1560,7 +1560,7 @@ def _step_cls(u0, p, config, eps):
     del attn_o
 
     # --- residual sum ---
-    # u_1[i, l] = Δt*A^attn[i, l] + u0[i, l]
+    # u_1[i, l] = A^attn[i, l] + u0[i, l]
     u1 = np.add(attn_out, u0, out=attn_out)
     del attn_out
 
@@ -1587,7 +1587,7 @@ def _step_cls(u0, p, config, eps):
     del ffn_s
 
     # --- residual sum ---
-    # u_2[i, l] = Δt*F^ffn[i, l] + u_1[i, l]
+    # u_2[i, l] = F^ffn[i, l] + u_1[i, l]
     u2 = np.add(ffn_out, u1, out=ffn_out)
     del ffn_out, u1
     return u2
@@ -1949,7 +1949,7 @@ def _step_vjp(u0, u2_bar, p, config, eps):
     attn_out = _einsum("bime,mel->bil", attn_o, attn_W_o) + attn_b_o
 
     # --- residual sum ---
-    # u_1[i, l] = Δt*A^attn[i, l] + u0[i, l]
+    # u_1[i, l] = A^attn[i, l] + u0[i, l]
     u1 = attn_out + u0
 
     # --- norm2: layer-norm ---
@@ -1969,7 +1969,7 @@ def _step_vjp(u0, u2_bar, p, config, eps):
     ffn_s = _gelu(ffn_w)
 
     # --- adjoint of ffn: feed-forward ---
-    # F̅^ffn[i, l] = Δt*u̅_2[i, l]
+    # F̅^ffn[i, l] = u̅_2[i, l]
     ffn_out_bar = u2_bar
     # W̅_2[z, l] = Σ_i(F̅^ffn[i, l]*s^ffn[i, z])
     ffn_W_2_bar = _einsum("bil,biz->zl", ffn_out_bar, ffn_s)
@@ -2009,7 +2009,7 @@ def _step_vjp(u0, u2_bar, p, config, eps):
     u1_bar = norm2_alpha_bar[:, :, None]/d + norm2_p_bar/np.sqrt(eps + norm2_beta[:, :, None]) + 2*np.sqrt(eps + norm2_beta[:, :, None])*norm2_beta_bar[:, :, None]*norm2_p/d + u2_bar
 
     # --- adjoint of attn: convolutional-attention ---
-    # A̅^attn[i, l] = Δt*u̅_1[i, l]
+    # A̅^attn[i, l] = u̅_1[i, l]
     attn_out_bar = u1_bar
     # W̅^O_attn[m, e, l] = Σ_i(O^attn[i, m, e]*A̅^attn[i, l])
     attn_W_o_bar = _einsum("bil,bime->mel", attn_out_bar, attn_o)
@@ -2355,7 +2355,7 @@ def _step_cls_vjp(u0, u2_bar, p, config, eps):
     attn_out = _einsum("bime,mel->bil", attn_o, attn_W_o) + attn_b_o
 
     # --- residual sum ---
-    # u_1[i, l] = Δt*A^attn[i, l] + u0[i, l]
+    # u_1[i, l] = A^attn[i, l] + u0[i, l]
     u1 = attn_out + u0
 
     # --- norm2: layer-norm ---
@@ -2375,7 +2375,7 @@ def _step_cls_vjp(u0, u2_bar, p, config, eps):
     ffn_s = _gelu(ffn_w)
 
     # --- adjoint of ffn: feed-forward ---
-    # F̅^ffn[i, l] = Δt*u̅_2[i, l]
+    # F̅^ffn[i, l] = u̅_2[i, l]
     ffn_out_bar = u2_bar
     # W̅_2[z, l] = Σ_i(F̅^ffn[i, l]*s^ffn[i, z])
     ffn_W_2_bar = _einsum("bil,biz->zl", ffn_out_bar, ffn_s)
@@ -2415,7 +2415,7 @@ def _step_cls_vjp(u0, u2_bar, p, config, eps):
     u1_bar = norm2_alpha_bar[:, :, None]/d + norm2_p_bar/np.sqrt(eps + norm2_beta[:, :, None]) + 2*np.sqrt(eps + norm2_beta[:, :, None])*norm2_beta_bar[:, :, None]*norm2_p/d + u2_bar
 
     # --- adjoint of attn: convolutional-attention ---
-    # A̅^attn[i, l] = Δt*u̅_1[i, l]
+    # A̅^attn[i, l] = u̅_1[i, l]
     attn_out_bar = u1_bar
     # W̅^O_attn[m, e, l] = Σ_i(O^attn[i, m, e]*A̅^attn[i, l])
     attn_W_o_bar = _einsum("bil,bime->mel", attn_out_bar, attn_o)

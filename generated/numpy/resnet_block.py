@@ -573,7 +573,7 @@ def _step_with(u0, p, config, eps):
     # B^bn3[l, p, q] = a^bn3[l]*K^shortcut[l, p, q] + c^bn3[l]
     # Ru[l, p, q] = B^bn3[l, p, q]
     # B^bn2[l, p, q] = a^bn2[l]*K^conv2[l, p, q] + c^bn2[l]
-    # u^{+}[l, p, q] = Δt*B^bn2[l, p, q] + Ru[l, p, q]
+    # u^{+}[l, p, q] = B^bn2[l, p, q] + Ru[l, p, q]
     # Proj_S_2^relu[l, p, q] = Max(0, u^{+}[l, p, q])
     relu2_out = np.maximum(np.add(conv2_out, shortcut_out, out=conv2_out), np.full(conv2_out.shape[-1:], 0, conv2_out.dtype), out=conv2_out)
     del conv2_out, shortcut_out
@@ -640,7 +640,7 @@ def _step_identity(u0, p, config, eps):
     # --- relu: relu-projection ---
     # Ru[l, p, q] = u[l, p, q]
     # B^bn2[l, p, q] = a^bn2[l]*K^conv2[l, p, q] + c^bn2[l]
-    # u^{+}[l, p, q] = Δt*B^bn2[l, p, q] + Ru[l, p, q]
+    # u^{+}[l, p, q] = B^bn2[l, p, q] + Ru[l, p, q]
     # Proj_S_2^relu[l, p, q] = Max(0, u^{+}[l, p, q])
     relu2_out = np.maximum(np.add(conv2_out, u0, out=conv2_out), np.full(conv2_out.shape[-1:], 0, conv2_out.dtype), out=conv2_out)
     del conv2_out
@@ -728,7 +728,7 @@ def _step_with_vjp(u0, relu2_out_bar, p, config, eps):
     transfer = bn3_out
 
     # --- update: explicit Euler step ---
-    # u^{+}[l, p, q] = Δt*B^bn2[l, p, q] + Ru[l, p, q]
+    # u^{+}[l, p, q] = B^bn2[l, p, q] + Ru[l, p, q]
     u1 = bn2_out + transfer
 
     # --- relu: relu-projection ---
@@ -771,7 +771,7 @@ def _step_with_vjp(u0, relu2_out_bar, p, config, eps):
     shortcut_b_bar = _einsum("blpq->l", shortcut_out_bar)
 
     # --- adjoint of bn2: batch-norm ---
-    # B̅^bn2[l, p, q] = Δt*λ^{+}[l, p, q]
+    # B̅^bn2[l, p, q] = λ^{+}[l, p, q]
     bn2_out_bar = u1_bar
     # c̅^bn2[l] = Σ_{p,q}(B̅^bn2[l, p, q])
     bn2_c_bar = _einsum("blpq->bl", bn2_out_bar)
@@ -916,7 +916,7 @@ def _step_identity_vjp(u0, relu2_out_bar, p, config, eps):
     transfer = u0
 
     # --- update: explicit Euler step ---
-    # u^{+}[l, p, q] = Δt*B^bn2[l, p, q] + Ru[l, p, q]
+    # u^{+}[l, p, q] = B^bn2[l, p, q] + Ru[l, p, q]
     u1 = bn2_out + transfer
 
     # --- relu: relu-projection ---
@@ -928,7 +928,7 @@ def _step_identity_vjp(u0, relu2_out_bar, p, config, eps):
     u1_bar = (relu2_out > 0)*relu2_out_bar
 
     # --- adjoint of bn2: batch-norm ---
-    # B̅^bn2[l, p, q] = Δt*λ^{+}[l, p, q]
+    # B̅^bn2[l, p, q] = λ^{+}[l, p, q]
     bn2_out_bar = u1_bar
     # c̅^bn2[l] = Σ_{p,q}(B̅^bn2[l, p, q])
     bn2_c_bar = _einsum("blpq->bl", bn2_out_bar)

@@ -529,7 +529,7 @@ def _step_identity(u0, p, config, eps):
 
     # --- update: explicit Euler step ---
     # Ru[l, p, q] = u[l, p, q]
-    # u^{+}[l, p, q] = Δt*P^up[l, p, q] + Ru[l, p, q]
+    # u^{+}[l, p, q] = Ru[l, p, q] + P^up[l, p, q]
     u1 = u0 + up_out
     del up_out
     return u1
@@ -582,7 +582,7 @@ def _step_identity_vjp(u0, u1_bar, p, config, eps):
     relu_out = np.maximum(bn_out, 0)
 
     # --- adjoint of up: transposed-convolution ---
-    # P̅^up[c, p, q] = Δt*λ^{+}[c, p, q]
+    # P̅^up[c, p, q] = λ^{+}[c, p, q]
     up_out_bar = u1_bar
     # P̅^up[c, 2*p + r, 2*q + s] at every grid point and kernel offset (a view)
     up_W_bar_windows = _windows(up_out_bar, (2, 3), 2, 2, 0)

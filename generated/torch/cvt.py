@@ -952,7 +952,7 @@ def _step(u0, p, config, eps):
     del attn_o
 
     # --- residual sum ---
-    # u_1[i, l] = Δt*A^attn[i, l] + u0[i, l]
+    # u_1[i, l] = A^attn[i, l] + u0[i, l]
     u1 = attn_out.add_(u0) if inference else attn_out + u0
     del attn_out
 
@@ -975,7 +975,7 @@ def _step(u0, p, config, eps):
     del ffn_s
 
     # --- residual sum ---
-    # u_2[i, l] = Δt*F^ffn[i, l] + u_1[i, l]
+    # u_2[i, l] = F^ffn[i, l] + u_1[i, l]
     u2 = ffn_out.add_(u1) if inference else ffn_out + u1
     del ffn_out, u1
     return u2
@@ -1148,7 +1148,7 @@ def _step_cls(u0, p, config, eps):
     del attn_o
 
     # --- residual sum ---
-    # u_1[i, l] = Δt*A^attn[i, l] + u0[i, l]
+    # u_1[i, l] = A^attn[i, l] + u0[i, l]
     u1 = attn_out.add_(u0) if inference else attn_out + u0
     del attn_out
 
@@ -1171,7 +1171,7 @@ def _step_cls(u0, p, config, eps):
     del ffn_s
 
     # --- residual sum ---
-    # u_2[i, l] = Δt*F^ffn[i, l] + u_1[i, l]
+    # u_2[i, l] = F^ffn[i, l] + u_1[i, l]
     u2 = ffn_out.add_(u1) if inference else ffn_out + u1
     del ffn_out, u1
     return u2
@@ -1534,7 +1534,7 @@ def _step_vjp(u0, u2_bar, p, config, eps):
     attn_out = torch.einsum("bime,mel->bil", attn_o, attn_W_o) + attn_b_o
 
     # --- residual sum ---
-    # u_1[i, l] = Δt*A^attn[i, l] + u0[i, l]
+    # u_1[i, l] = A^attn[i, l] + u0[i, l]
     u1 = attn_out + u0
 
     # --- norm2: layer-norm ---
@@ -1554,7 +1554,7 @@ def _step_vjp(u0, u2_bar, p, config, eps):
     ffn_s = torch.nn.functional.gelu(ffn_w)
 
     # --- adjoint of ffn: feed-forward ---
-    # F̅^ffn[i, l] = Δt*u̅_2[i, l]
+    # F̅^ffn[i, l] = u̅_2[i, l]
     ffn_out_bar = u2_bar
     # W̅_2[z, l] = Σ_i(F̅^ffn[i, l]*s^ffn[i, z])
     ffn_W_2_bar = torch.einsum("biz,bil->zl", ffn_s, ffn_out_bar)
@@ -1594,7 +1594,7 @@ def _step_vjp(u0, u2_bar, p, config, eps):
     u1_bar = norm2_alpha_bar[:, :, None]/d + norm2_p_bar/torch.sqrt(eps + norm2_beta[:, :, None]) + 2*torch.sqrt(eps + norm2_beta[:, :, None])*norm2_beta_bar[:, :, None]*norm2_p/d + u2_bar
 
     # --- adjoint of attn: convolutional-attention ---
-    # A̅^attn[i, l] = Δt*u̅_1[i, l]
+    # A̅^attn[i, l] = u̅_1[i, l]
     attn_out_bar = u1_bar
     # W̅^O_attn[m, e, l] = Σ_i(O^attn[i, m, e]*A̅^attn[i, l])
     attn_W_o_bar = torch.einsum("bime,bil->mel", attn_o, attn_out_bar)
@@ -1941,7 +1941,7 @@ def _step_cls_vjp(u0, u2_bar, p, config, eps):
     attn_out = torch.einsum("bime,mel->bil", attn_o, attn_W_o) + attn_b_o
 
     # --- residual sum ---
-    # u_1[i, l] = Δt*A^attn[i, l] + u0[i, l]
+    # u_1[i, l] = A^attn[i, l] + u0[i, l]
     u1 = attn_out + u0
 
     # --- norm2: layer-norm ---
@@ -1961,7 +1961,7 @@ def _step_cls_vjp(u0, u2_bar, p, config, eps):
     ffn_s = torch.nn.functional.gelu(ffn_w)
 
     # --- adjoint of ffn: feed-forward ---
-    # F̅^ffn[i, l] = Δt*u̅_2[i, l]
+    # F̅^ffn[i, l] = u̅_2[i, l]
     ffn_out_bar = u2_bar
     # W̅_2[z, l] = Σ_i(F̅^ffn[i, l]*s^ffn[i, z])
     ffn_W_2_bar = torch.einsum("biz,bil->zl", ffn_s, ffn_out_bar)
@@ -2001,7 +2001,7 @@ def _step_cls_vjp(u0, u2_bar, p, config, eps):
     u1_bar = norm2_alpha_bar[:, :, None]/d + norm2_p_bar/torch.sqrt(eps + norm2_beta[:, :, None]) + 2*torch.sqrt(eps + norm2_beta[:, :, None])*norm2_beta_bar[:, :, None]*norm2_p/d + u2_bar
 
     # --- adjoint of attn: convolutional-attention ---
-    # A̅^attn[i, l] = Δt*u̅_1[i, l]
+    # A̅^attn[i, l] = u̅_1[i, l]
     attn_out_bar = u1_bar
     # W̅^O_attn[m, e, l] = Σ_i(O^attn[i, m, e]*A̅^attn[i, l])
     attn_W_o_bar = torch.einsum("bime,bil->mel", attn_o, attn_out_bar)

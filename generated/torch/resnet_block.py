@@ -398,7 +398,7 @@ def _step_with(u0, p, config, eps):
     # B^bn3[l, p, q] = a^bn3[l]*K^shortcut[l, p, q] + c^bn3[l]
     # Ru[l, p, q] = B^bn3[l, p, q]
     # B^bn2[l, p, q] = a^bn2[l]*K^conv2[l, p, q] + c^bn2[l]
-    # u^{+}[l, p, q] = Δt*B^bn2[l, p, q] + Ru[l, p, q]
+    # u^{+}[l, p, q] = B^bn2[l, p, q] + Ru[l, p, q]
     # Proj_S_2^relu[l, p, q] = Max(0, u^{+}[l, p, q])
     relu2_out = conv2_out.add_(shortcut_out).clamp_min_(0) if inference else torch.relu(conv2_out + shortcut_out)
     del conv2_out, shortcut_out
@@ -465,7 +465,7 @@ def _step_identity(u0, p, config, eps):
     # --- relu: relu-projection ---
     # Ru[l, p, q] = u[l, p, q]
     # B^bn2[l, p, q] = a^bn2[l]*K^conv2[l, p, q] + c^bn2[l]
-    # u^{+}[l, p, q] = Δt*B^bn2[l, p, q] + Ru[l, p, q]
+    # u^{+}[l, p, q] = B^bn2[l, p, q] + Ru[l, p, q]
     # Proj_S_2^relu[l, p, q] = Max(0, u^{+}[l, p, q])
     relu2_out = conv2_out.add_(u0).clamp_min_(0) if inference else torch.relu(conv2_out + u0)
     del conv2_out
@@ -553,7 +553,7 @@ def _step_with_vjp(u0, relu2_out_bar, p, config, eps):
     transfer = bn3_out
 
     # --- update: explicit Euler step ---
-    # u^{+}[l, p, q] = Δt*B^bn2[l, p, q] + Ru[l, p, q]
+    # u^{+}[l, p, q] = B^bn2[l, p, q] + Ru[l, p, q]
     u1 = bn2_out + transfer
 
     # --- relu: relu-projection ---
@@ -596,7 +596,7 @@ def _step_with_vjp(u0, relu2_out_bar, p, config, eps):
     shortcut_b_bar = torch.einsum("blpq->l", shortcut_out_bar)
 
     # --- adjoint of bn2: batch-norm ---
-    # B̅^bn2[l, p, q] = Δt*λ^{+}[l, p, q]
+    # B̅^bn2[l, p, q] = λ^{+}[l, p, q]
     bn2_out_bar = u1_bar
     # c̅^bn2[l] = Σ_{p,q}(B̅^bn2[l, p, q])
     bn2_c_bar = torch.einsum("blpq->bl", bn2_out_bar)
@@ -741,7 +741,7 @@ def _step_identity_vjp(u0, relu2_out_bar, p, config, eps):
     transfer = u0
 
     # --- update: explicit Euler step ---
-    # u^{+}[l, p, q] = Δt*B^bn2[l, p, q] + Ru[l, p, q]
+    # u^{+}[l, p, q] = B^bn2[l, p, q] + Ru[l, p, q]
     u1 = bn2_out + transfer
 
     # --- relu: relu-projection ---
@@ -753,7 +753,7 @@ def _step_identity_vjp(u0, relu2_out_bar, p, config, eps):
     u1_bar = torch.ops.aten.threshold_backward(relu2_out_bar, relu2_out, 0)
 
     # --- adjoint of bn2: batch-norm ---
-    # B̅^bn2[l, p, q] = Δt*λ^{+}[l, p, q]
+    # B̅^bn2[l, p, q] = λ^{+}[l, p, q]
     bn2_out_bar = u1_bar
     # c̅^bn2[l] = Σ_{p,q}(B̅^bn2[l, p, q])
     bn2_c_bar = torch.einsum("blpq->bl", bn2_out_bar)

@@ -112,7 +112,9 @@ def _fused(module: Module, softmax: Softmax, readers: dict, producers: dict) -> 
     forward = Attention(mixing.out, mixing.labels, "\n".join((scores.comment, softmax.comment, mixing.comment)),
                         mixing.section, q=q, k=k, v=v, scale=scores.scale, support=softmax.support, normalizer=normalizer)
     group = (kernel_bar, row_sum, scores_bar, v_bar, k_bar, q_bar)
-    adjoint = AttentionAdjoint(q_bar.out, q_bar.labels, "\n".join(op.comment for op in group), kernel_bar.section,
+    # the row sum is written out in ā's formula, and the fused call has no array of its
+    adjoint = AttentionAdjoint(q_bar.out, q_bar.labels, "\n".join(op.comment for op in group if op is not row_sum),
+                               kernel_bar.section,
                                q=q, k=k, v=v, o=mixing.out, o_bar=o_bar, normalizer=normalizer, scale=scores.scale,
                                support=softmax.support, outputs=(q_bar.out, k_bar.out, v_bar.out))
     return [scores, softmax, *group[1:]], {id(mixing): forward, id(kernel_bar): adjoint}

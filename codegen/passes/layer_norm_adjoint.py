@@ -143,7 +143,8 @@ def _group(costate_op: Elementwise, p: sp.Indexed, variance: str, p_bar, written
         return None
     rest = sp.Add(*(term for term in terms if term not in wanted))
     out = costate_op.out if rest == 0 else f"{p_name.rsplit('_', 1)[0]}_x_bar"
-    comments = [op.comment for op in group] + ([costate_op.comment] if rest == 0 else [])
+    # the row sums t₁, t₂, t₃ are written out in β̄'s and ᾱ's formulas, and the fused call has no array of theirs
+    comments = [op.comment for op in group if op not in (t1, t2, t3)] + ([costate_op.comment] if rest == 0 else [])
     gradients = _control_gradients(p_name, costate, readers)
     if gradients:
         group += gradients

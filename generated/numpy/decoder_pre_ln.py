@@ -1201,10 +1201,7 @@ def _vjp_backward(saved, u3_bar, p, chi, eps, n_heads, chi_m):
     # g̅_norm3[l] = Σ_i(L̅N̅^norm3[i, l]*P^norm3[i, l])
     # c̅_norm3[l] = Σ_i(L̅N̅^norm3[i, l])
     # P̅^norm3[i, l] = g_norm3[l]*L̅N̅^norm3[i, l]
-    # t1[i] = Σ_l(P^norm3[i, l]*P̅^norm3[i, l])
     # β̅^norm3[i] = -Σ_l(P^norm3[i, l]*P̅^norm3[i, l])/(2*(ε + β^norm3[i]))
-    # t2[i] = Σ_k(P^norm3[i, k])
-    # t3[i] = Σ_l(P̅^norm3[i, l])
     norm3_x_bar, norm3_gain_bar, norm3_bias_bar = _layer_norm_adjoint(norm3_out_bar, norm3_p, norm3_beta, norm3_gain, eps)
     del norm3_beta, norm3_out_bar, norm3_p
 
@@ -1224,7 +1221,6 @@ def _vjp_backward(saved, u3_bar, p, chi, eps, n_heads, chi_m):
     cross_o_bar = cross_o_bar.reshape(batch, n_tokens, n_heads, d_head)
     del cross_out_bar
     # γ̅^cross[m, i, t] = Σ_e(O̅^cross[i, m, e]*V^cross[t, m, e])
-    # t4[m, i] = Σ_o(γ^cross[m, i, o]*γ̅^cross[m, i, o])
     # a̅^cross[m, i, t] = γ^cross[m, i, t]*γ̅^cross[m, i, t] - γ^cross[m, i, t]*Σ_o(γ^cross[m, i, o]*γ̅^cross[m, i, o])
     # V̅^cross[t, m, e] = Σ_i(γ^cross[m, i, t]*O̅^cross[i, m, e])
     # K̅^cross[t, m, e] = Σ_i(a̅^cross[m, i, t]*Q^cross[i, m, e])/sqrt(N_e)
@@ -1263,10 +1259,7 @@ def _vjp_backward(saved, u3_bar, p, chi, eps, n_heads, chi_m):
     # g̅_norm2[l] = Σ_i(L̅N̅^norm2[i, l]*P^norm2[i, l])
     # c̅_norm2[l] = Σ_i(L̅N̅^norm2[i, l])
     # P̅^norm2[i, l] = g_norm2[l]*L̅N̅^norm2[i, l]
-    # t7[i] = Σ_l(P^norm2[i, l]*P̅^norm2[i, l])
     # β̅^norm2[i] = -Σ_l(P^norm2[i, l]*P̅^norm2[i, l])/(2*(ε + β^norm2[i]))
-    # t8[i] = Σ_k(P^norm2[i, k])
-    # t9[i] = Σ_l(P̅^norm2[i, l])
     norm2_x_bar, norm2_gain_bar, norm2_bias_bar = _layer_norm_adjoint(norm2_out_bar, norm2_p, norm2_beta, norm2_gain, eps)
     del norm2_beta, norm2_out_bar, norm2_p
 
@@ -1286,7 +1279,6 @@ def _vjp_backward(saved, u3_bar, p, chi, eps, n_heads, chi_m):
     attn_o_bar = attn_o_bar.reshape(batch, n_tokens, n_heads, d_head)
     del attn_out_bar
     # γ̅^attn[m, i, j] = Σ_e(O̅^attn[i, m, e]*V^attn[j, m, e])
-    # t10[m, i] = Σ_n(γ^attn[m, i, n]*γ̅^attn[m, i, n])
     # a̅^attn[m, i, j] = γ^attn[m, i, j]*γ̅^attn[m, i, j] - γ^attn[m, i, j]*Σ_n(γ^attn[m, i, n]*γ̅^attn[m, i, n])
     # V̅^attn[i, m, e] = Σ_j(γ^attn[m, j, i]*O̅^attn[j, m, e])
     # K̅^attn[i, m, e] = Σ_j(a̅^attn[m, j, i]*Q^attn[j, m, e])/sqrt(N_e)
@@ -1324,10 +1316,7 @@ def _vjp_backward(saved, u3_bar, p, chi, eps, n_heads, chi_m):
     # g̅_norm1[l] = Σ_i(L̅N̅^norm1[i, l]*P^norm1[i, l])
     # c̅_norm1[l] = Σ_i(L̅N̅^norm1[i, l])
     # P̅^norm1[i, l] = g_norm1[l]*L̅N̅^norm1[i, l]
-    # t14[i] = Σ_l(P^norm1[i, l]*P̅^norm1[i, l])
     # β̅^norm1[i] = -Σ_l(P^norm1[i, l]*P̅^norm1[i, l])/(2*(ε + β^norm1[i]))
-    # t15[i] = Σ_k(P^norm1[i, k])
-    # t16[i] = Σ_l(P̅^norm1[i, l])
     norm1_x_bar, norm1_gain_bar, norm1_bias_bar = _layer_norm_adjoint(norm1_out_bar, norm1_p, norm1_beta, norm1_gain, eps)
     del norm1_beta, norm1_out_bar, norm1_p
     # α̅^norm1[i] = -Σ_l(P̅^norm1[i, l])/sqrt(ε + β^norm1[i]) - 2*sqrt(ε + β^norm1[i])*β̅^norm1[i]*Σ_k(P^norm1[i, k])/N_y
@@ -1391,10 +1380,7 @@ def _final_norm_vjp_backward(saved, u1_bar, p, chi, eps, n_heads):
     # g̅_final_norm[l] = Σ_i(P^final_norm[i, l]*λ^(1)[i, l])
     # c̅_final_norm[l] = Σ_i(λ^(1)[i, l])
     # P̅^final_norm[i, l] = g_final_norm[l]*λ^(1)[i, l]
-    # t1[i] = Σ_l(P^final_norm[i, l]*P̅^final_norm[i, l])
     # β̅^final_norm[i] = -Σ_l(P^final_norm[i, l]*P̅^final_norm[i, l])/(2*(ε + β^final_norm[i]))
-    # t2[i] = Σ_k(P^final_norm[i, k])
-    # t3[i] = Σ_l(P̅^final_norm[i, l])
     # α̅^final_norm[i] = -Σ_l(P̅^final_norm[i, l])/sqrt(ε + β^final_norm[i]) - 2*sqrt(ε + β^final_norm[i])*β̅^final_norm[i]*Σ_k(P^final_norm[i, k])/N_y
     # λ^(0)[i, l] = P̅^final_norm[i, l]/sqrt(ε + β^final_norm[i]) + 2*sqrt(ε + β^final_norm[i])*β̅^final_norm[i]*P^final_norm[i, l]/N_y + α̅^final_norm[i]/N_y
     u0_bar, final_norm_gain_bar, final_norm_bias_bar = _layer_norm_adjoint(u1_bar, final_norm_p, final_norm_beta, final_norm_gain, eps)

@@ -791,10 +791,7 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     # g̅_norm2[l] = Σ_i(P^norm2[i, l]*λ^(4)[i, l])
     # c̅_norm2[l] = Σ_i(λ^(4)[i, l])
     # P̅^norm2[i, l] = g_norm2[l]*λ^(4)[i, l]
-    # t1[i] = Σ_l(P^norm2[i, l]*P̅^norm2[i, l])
     # β̅^norm2[i] = -Σ_l(P^norm2[i, l]*P̅^norm2[i, l])/(2*(ε + β^norm2[i]))
-    # t2[i] = Σ_k(P^norm2[i, k])
-    # t3[i] = Σ_l(P̅^norm2[i, l])
     # α̅^norm2[i] = -Σ_l(P̅^norm2[i, l])/sqrt(ε + β^norm2[i]) - 2*sqrt(ε + β^norm2[i])*β̅^norm2[i]*Σ_k(P^norm2[i, k])/N_y
     # λ^(3)[i, l] = P̅^norm2[i, l]/sqrt(ε + β^norm2[i]) + 2*sqrt(ε + β^norm2[i])*β̅^norm2[i]*P^norm2[i, l]/N_y + α̅^norm2[i]/N_y
     u3_bar, norm2_gain_bar, norm2_bias_bar = _layer_norm_adjoint(u4_bar, norm2_p, norm2_beta, norm2_gain, eps)
@@ -829,10 +826,7 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     # g̅_norm1[l] = Σ_i(P^norm1[i, l]*λ^(2)[i, l])
     # c̅_norm1[l] = Σ_i(λ^(2)[i, l])
     # P̅^norm1[i, l] = g_norm1[l]*λ^(2)[i, l]
-    # t4[i] = Σ_l(P^norm1[i, l]*P̅^norm1[i, l])
     # β̅^norm1[i] = -Σ_l(P^norm1[i, l]*P̅^norm1[i, l])/(2*(ε + β^norm1[i]))
-    # t5[i] = Σ_k(P^norm1[i, k])
-    # t6[i] = Σ_l(P̅^norm1[i, l])
     # α̅^norm1[i] = -Σ_l(P̅^norm1[i, l])/sqrt(ε + β^norm1[i]) - 2*sqrt(ε + β^norm1[i])*β̅^norm1[i]*Σ_k(P^norm1[i, k])/N_y
     # λ^(1)[i, l] = P̅^norm1[i, l]/sqrt(ε + β^norm1[i]) + 2*sqrt(ε + β^norm1[i])*β̅^norm1[i]*P^norm1[i, l]/N_y + α̅^norm1[i]/N_y
     u1_bar, norm1_gain_bar, norm1_bias_bar = _layer_norm_adjoint(u2_bar, norm1_p, norm1_beta, norm1_gain, eps)
@@ -850,7 +844,6 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     attn_o_bar = attn_o_bar.reshape(batch, n_tokens, n_heads, d_head)
     del attn_out_bar
     # γ̅^attn[m, i, j] = Σ_e(O̅^attn[i, m, e]*V^attn[j, m, e])
-    # t7[m, i] = Σ_n(γ^attn[m, i, n]*γ̅^attn[m, i, n])
     # a̅^attn[m, i, j] = γ^attn[m, i, j]*γ̅^attn[m, i, j] - γ^attn[m, i, j]*Σ_n(γ^attn[m, i, n]*γ̅^attn[m, i, n])
     # V̅^attn[i, m, e] = Σ_j(γ^attn[m, j, i]*O̅^attn[j, m, e])
     # K̅^attn[i, m, e] = Σ_j(a̅^attn[m, j, i]*Q^attn[j, m, e])/sqrt(N_e)
@@ -932,10 +925,7 @@ def _final_norm_vjp_backward(saved, u1_bar, p, chi, eps, n_heads):
     # g̅_final_norm[l] = Σ_i(P^final_norm[i, l]*λ^(1)[i, l])
     # c̅_final_norm[l] = Σ_i(λ^(1)[i, l])
     # P̅^final_norm[i, l] = g_final_norm[l]*λ^(1)[i, l]
-    # t1[i] = Σ_l(P^final_norm[i, l]*P̅^final_norm[i, l])
     # β̅^final_norm[i] = -Σ_l(P^final_norm[i, l]*P̅^final_norm[i, l])/(2*(ε + β^final_norm[i]))
-    # t2[i] = Σ_k(P^final_norm[i, k])
-    # t3[i] = Σ_l(P̅^final_norm[i, l])
     # α̅^final_norm[i] = -Σ_l(P̅^final_norm[i, l])/sqrt(ε + β^final_norm[i]) - 2*sqrt(ε + β^final_norm[i])*β̅^final_norm[i]*Σ_k(P^final_norm[i, k])/N_y
     # λ^(0)[i, l] = P̅^final_norm[i, l]/sqrt(ε + β^final_norm[i]) + 2*sqrt(ε + β^final_norm[i])*β̅^final_norm[i]*P^final_norm[i, l]/N_y + α̅^final_norm[i]/N_y
     u0_bar, final_norm_gain_bar, final_norm_bias_bar = _layer_norm_adjoint(u1_bar, final_norm_p, final_norm_beta, final_norm_gain, eps)

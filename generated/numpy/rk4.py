@@ -1039,7 +1039,6 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     attn4_o_bar = attn4_out_bar.reshape(-1, d) @ attn_W_o.T
     attn4_o_bar = attn4_o_bar.reshape(batch, n_tokens, n_heads, d_head)
     # γ̅^{attn,4}[m, i, j] = Σ_e(O̅^{attn,4}[i, m, e]*V^{attn,4}[j, m, e])
-    # t4[m, i] = Σ_n(γ^{attn,4}[m, i, n]*γ̅^{attn,4}[m, i, n])
     # a̅^{attn,4}[m, i, j] = γ^{attn,4}[m, i, j]*γ̅^{attn,4}[m, i, j] - γ^{attn,4}[m, i, j]*Σ_n(γ^{attn,4}[m, i, n]*γ̅^{attn,4}[m, i, n])
     # V̅^{attn,4}[i, m, e] = Σ_j(γ^{attn,4}[m, j, i]*O̅^{attn,4}[j, m, e])
     # K̅^{attn,4}[i, m, e] = Σ_j(a̅^{attn,4}[m, j, i]*Q^{attn,4}[j, m, e])/sqrt(N_e)
@@ -1059,17 +1058,11 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     norm14_out_bar = np.add(t5, t6 + t7, out=t5)
     del t5, t6, t7
     # P̅^{norm1,4}[i, l] = L̅N̅^{norm1,4}[i, l]*g_norm1[l]
-    # t8[i] = Σ_l(P^{norm1,4}[i, l]*P̅^{norm1,4}[i, l])
     # β̅^{norm1,4}[i] = -Σ_l(P^{norm1,4}[i, l]*P̅^{norm1,4}[i, l])/(2*(ε + β^{norm1,4}[i]))
-    # t9[i] = Σ_k(P^{norm1,4}[i, k])
-    # t10[i] = Σ_l(P̅^{norm1,4}[i, l])
     norm14_x_bar, _, _ = _layer_norm_adjoint(norm14_out_bar, norm14_p, norm14_beta, norm1_gain, eps)
     del norm14_beta
     # P̅^{norm2,4}[i, l] = L̅N̅^{norm2,4}[i, l]*g_norm2[l]
-    # t1[i] = Σ_l(P^{norm2,4}[i, l]*P̅^{norm2,4}[i, l])
     # β̅^{norm2,4}[i] = -Σ_l(P^{norm2,4}[i, l]*P̅^{norm2,4}[i, l])/(2*(ε + β^{norm2,4}[i]))
-    # t2[i] = Σ_k(P^{norm2,4}[i, k])
-    # t3[i] = Σ_l(P̅^{norm2,4}[i, l])
     norm24_x_bar, _, _ = _layer_norm_adjoint(norm24_out_bar, norm24_p, norm24_beta, norm2_gain, eps)
     del norm24_beta
     # α̅^{norm1,4}[i] = -Σ_l(P̅^{norm1,4}[i, l])/sqrt(ε + β^{norm1,4}[i]) - 2*sqrt(ε + β^{norm1,4}[i])*β̅^{norm1,4}[i]*Σ_k(P^{norm1,4}[i, k])/N_y
@@ -1094,7 +1087,6 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     attn3_o_bar = attn3_out_bar.reshape(-1, d) @ attn_W_o.T
     attn3_o_bar = attn3_o_bar.reshape(batch, n_tokens, n_heads, d_head)
     # γ̅^{attn,3}[m, i, j] = Σ_e(O̅^{attn,3}[i, m, e]*V^{attn,3}[j, m, e])
-    # t14[m, i] = Σ_n(γ^{attn,3}[m, i, n]*γ̅^{attn,3}[m, i, n])
     # a̅^{attn,3}[m, i, j] = γ^{attn,3}[m, i, j]*γ̅^{attn,3}[m, i, j] - γ^{attn,3}[m, i, j]*Σ_n(γ^{attn,3}[m, i, n]*γ̅^{attn,3}[m, i, n])
     # V̅^{attn,3}[i, m, e] = Σ_j(γ^{attn,3}[m, j, i]*O̅^{attn,3}[j, m, e])
     # K̅^{attn,3}[i, m, e] = Σ_j(a̅^{attn,3}[m, j, i]*Q^{attn,3}[j, m, e])/sqrt(N_e)
@@ -1114,17 +1106,11 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     norm13_out_bar = np.add(t15, t16 + t17, out=t15)
     del t15, t16, t17
     # P̅^{norm1,3}[i, l] = L̅N̅^{norm1,3}[i, l]*g_norm1[l]
-    # t18[i] = Σ_l(P^{norm1,3}[i, l]*P̅^{norm1,3}[i, l])
     # β̅^{norm1,3}[i] = -Σ_l(P^{norm1,3}[i, l]*P̅^{norm1,3}[i, l])/(2*(ε + β^{norm1,3}[i]))
-    # t19[i] = Σ_k(P^{norm1,3}[i, k])
-    # t20[i] = Σ_l(P̅^{norm1,3}[i, l])
     norm13_x_bar, _, _ = _layer_norm_adjoint(norm13_out_bar, norm13_p, norm13_beta, norm1_gain, eps)
     del norm13_beta
     # P̅^{norm2,3}[i, l] = L̅N̅^{norm2,3}[i, l]*g_norm2[l]
-    # t11[i] = Σ_l(P^{norm2,3}[i, l]*P̅^{norm2,3}[i, l])
     # β̅^{norm2,3}[i] = -Σ_l(P^{norm2,3}[i, l]*P̅^{norm2,3}[i, l])/(2*(ε + β^{norm2,3}[i]))
-    # t12[i] = Σ_k(P^{norm2,3}[i, k])
-    # t13[i] = Σ_l(P̅^{norm2,3}[i, l])
     norm23_x_bar, _, _ = _layer_norm_adjoint(norm23_out_bar, norm23_p, norm23_beta, norm2_gain, eps)
     del norm23_beta
     # α̅^{norm1,3}[i] = -Σ_l(P̅^{norm1,3}[i, l])/sqrt(ε + β^{norm1,3}[i]) - 2*sqrt(ε + β^{norm1,3}[i])*β̅^{norm1,3}[i]*Σ_k(P^{norm1,3}[i, k])/N_y
@@ -1149,7 +1135,6 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     attn2_o_bar = attn2_out_bar.reshape(-1, d) @ attn_W_o.T
     attn2_o_bar = attn2_o_bar.reshape(batch, n_tokens, n_heads, d_head)
     # γ̅^{attn,2}[m, i, j] = Σ_e(O̅^{attn,2}[i, m, e]*V^{attn,2}[j, m, e])
-    # t24[m, i] = Σ_n(γ^{attn,2}[m, i, n]*γ̅^{attn,2}[m, i, n])
     # a̅^{attn,2}[m, i, j] = γ^{attn,2}[m, i, j]*γ̅^{attn,2}[m, i, j] - γ^{attn,2}[m, i, j]*Σ_n(γ^{attn,2}[m, i, n]*γ̅^{attn,2}[m, i, n])
     # V̅^{attn,2}[i, m, e] = Σ_j(γ^{attn,2}[m, j, i]*O̅^{attn,2}[j, m, e])
     # K̅^{attn,2}[i, m, e] = Σ_j(a̅^{attn,2}[m, j, i]*Q^{attn,2}[j, m, e])/sqrt(N_e)
@@ -1169,17 +1154,11 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     norm12_out_bar = np.add(t25, t26 + t27, out=t25)
     del t25, t26, t27
     # P̅^{norm1,2}[i, l] = L̅N̅^{norm1,2}[i, l]*g_norm1[l]
-    # t28[i] = Σ_l(P^{norm1,2}[i, l]*P̅^{norm1,2}[i, l])
     # β̅^{norm1,2}[i] = -Σ_l(P^{norm1,2}[i, l]*P̅^{norm1,2}[i, l])/(2*(ε + β^{norm1,2}[i]))
-    # t29[i] = Σ_k(P^{norm1,2}[i, k])
-    # t30[i] = Σ_l(P̅^{norm1,2}[i, l])
     norm12_x_bar, _, _ = _layer_norm_adjoint(norm12_out_bar, norm12_p, norm12_beta, norm1_gain, eps)
     del norm12_beta
     # P̅^{norm2,2}[i, l] = L̅N̅^{norm2,2}[i, l]*g_norm2[l]
-    # t21[i] = Σ_l(P^{norm2,2}[i, l]*P̅^{norm2,2}[i, l])
     # β̅^{norm2,2}[i] = -Σ_l(P^{norm2,2}[i, l]*P̅^{norm2,2}[i, l])/(2*(ε + β^{norm2,2}[i]))
-    # t22[i] = Σ_k(P^{norm2,2}[i, k])
-    # t23[i] = Σ_l(P̅^{norm2,2}[i, l])
     norm22_x_bar, _, _ = _layer_norm_adjoint(norm22_out_bar, norm22_p, norm22_beta, norm2_gain, eps)
     del norm22_beta
     # α̅^{norm1,2}[i] = -Σ_l(P̅^{norm1,2}[i, l])/sqrt(ε + β^{norm1,2}[i]) - 2*sqrt(ε + β^{norm1,2}[i])*β̅^{norm1,2}[i]*Σ_k(P^{norm1,2}[i, k])/N_y
@@ -1285,7 +1264,6 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     attn_o_bar = attn_o_bar.reshape(batch, n_tokens, n_heads, d_head)
     del attn_out_bar
     # γ̅^attn[m, i, j] = Σ_e(O̅^attn[i, m, e]*V^attn[j, m, e])
-    # t34[m, i] = Σ_n(γ^attn[m, i, n]*γ̅^attn[m, i, n])
     # a̅^attn[m, i, j] = γ^attn[m, i, j]*γ̅^attn[m, i, j] - γ^attn[m, i, j]*Σ_n(γ^attn[m, i, n]*γ̅^attn[m, i, n])
     # V̅^attn[i, m, e] = Σ_j(γ^attn[m, j, i]*O̅^attn[j, m, e])
     # K̅^attn[i, m, e] = Σ_j(a̅^attn[m, j, i]*Q^attn[j, m, e])/sqrt(N_e)
@@ -1380,17 +1358,11 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     norm1_gain_bar = norm1_gain_bar_0 + norm1_gain_bar_1 + norm1_gain_bar_2 + norm1_gain_bar_3
     del norm1_gain_bar_0, norm1_gain_bar_1, norm1_gain_bar_2, norm1_gain_bar_3
     # P̅^norm1[i, l] = g_norm1[l]*L̅N̅^norm1[i, l]
-    # t38[i] = Σ_l(P^norm1[i, l]*P̅^norm1[i, l])
     # β̅^norm1[i] = -Σ_l(P^norm1[i, l]*P̅^norm1[i, l])/(2*(ε + β^norm1[i]))
-    # t39[i] = Σ_k(P^norm1[i, k])
-    # t40[i] = Σ_l(P̅^norm1[i, l])
     norm1_x_bar, _, _ = _layer_norm_adjoint(norm1_out_bar, norm1_p, norm1_beta, norm1_gain, eps)
     del norm1_beta, norm1_out_bar, norm1_p
     # P̅^norm2[i, l] = g_norm2[l]*L̅N̅^norm2[i, l]
-    # t31[i] = Σ_l(P^norm2[i, l]*P̅^norm2[i, l])
     # β̅^norm2[i] = -Σ_l(P^norm2[i, l]*P̅^norm2[i, l])/(2*(ε + β^norm2[i]))
-    # t32[i] = Σ_k(P^norm2[i, k])
-    # t33[i] = Σ_l(P̅^norm2[i, l])
     norm2_x_bar, _, _ = _layer_norm_adjoint(norm2_out_bar, norm2_p, norm2_beta, norm2_gain, eps)
     del norm2_beta, norm2_out_bar, norm2_p
     # α̅^norm1[i] = -Σ_l(P̅^norm1[i, l])/sqrt(ε + β^norm1[i]) - 2*sqrt(ε + β^norm1[i])*β̅^norm1[i]*Σ_k(P^norm1[i, k])/N_y
@@ -1445,10 +1417,7 @@ def _final_norm_vjp_backward(saved, u1_bar, p, chi, eps, n_heads):
     # g̅_final_norm[l] = Σ_i(P^final_norm[i, l]*λ^(1)[i, l])
     # c̅_final_norm[l] = Σ_i(λ^(1)[i, l])
     # P̅^final_norm[i, l] = g_final_norm[l]*λ^(1)[i, l]
-    # t1[i] = Σ_l(P^final_norm[i, l]*P̅^final_norm[i, l])
     # β̅^final_norm[i] = -Σ_l(P^final_norm[i, l]*P̅^final_norm[i, l])/(2*(ε + β^final_norm[i]))
-    # t2[i] = Σ_k(P^final_norm[i, k])
-    # t3[i] = Σ_l(P̅^final_norm[i, l])
     # α̅^final_norm[i] = -Σ_l(P̅^final_norm[i, l])/sqrt(ε + β^final_norm[i]) - 2*sqrt(ε + β^final_norm[i])*β̅^final_norm[i]*Σ_k(P^final_norm[i, k])/N_y
     # λ^(0)[i, l] = P̅^final_norm[i, l]/sqrt(ε + β^final_norm[i]) + 2*sqrt(ε + β^final_norm[i])*β̅^final_norm[i]*P^final_norm[i, l]/N_y + α̅^final_norm[i]/N_y
     u0_bar, final_norm_gain_bar, final_norm_bias_bar = _layer_norm_adjoint(u1_bar, final_norm_p, final_norm_beta, final_norm_gain, eps)

@@ -884,7 +884,6 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads):
     attn2_o_bar = attn2_out_bar.reshape(-1, d) @ attn_W_o.T
     attn2_o_bar = attn2_o_bar.reshape(batch, n_tokens, n_heads, d_head)
     # γ̅^{attn,2}[m, i, j] = Σ_e(O̅^{attn,2}[i, m, e]*V^{attn,2}[j, m, e])
-    # t1[m, i] = Σ_n(γ^{attn,2}[m, i, n]*γ̅^{attn,2}[m, i, n])
     # a̅^{attn,2}[m, i, j] = γ^{attn,2}[m, i, j]*γ̅^{attn,2}[m, i, j] - γ^{attn,2}[m, i, j]*Σ_n(γ^{attn,2}[m, i, n]*γ̅^{attn,2}[m, i, n])
     # V̅^{attn,2}[i, m, e] = Σ_j(γ^{attn,2}[m, j, i]*O̅^{attn,2}[j, m, e])
     # K̅^{attn,2}[i, m, e] = Σ_j(a̅^{attn,2}[m, j, i]*Q^{attn,2}[j, m, e])/sqrt(N_e)
@@ -904,10 +903,7 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads):
     norm12_out_bar = np.add(t2, t3 + t4, out=t2)
     del t2, t3, t4
     # P̅^{norm1,2}[i, l] = L̅N̅^{norm1,2}[i, l]*g_norm1[l]
-    # t5[i] = Σ_l(P^{norm1,2}[i, l]*P̅^{norm1,2}[i, l])
     # β̅^{norm1,2}[i] = -Σ_l(P^{norm1,2}[i, l]*P̅^{norm1,2}[i, l])/(2*(ε + β^{norm1,2}[i]))
-    # t6[i] = Σ_k(P^{norm1,2}[i, k])
-    # t7[i] = Σ_l(P̅^{norm1,2}[i, l])
     norm12_x_bar, _, _ = _layer_norm_adjoint(norm12_out_bar, norm12_p, norm12_beta, norm1_gain, eps)
     del norm12_beta
 
@@ -981,10 +977,7 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads):
     norm2_gain_bar = norm2_gain_bar_0 + norm2_gain_bar_1
     del norm2_gain_bar_0, norm2_gain_bar_1
     # P̅^norm2[i, l] = g_norm2[l]*L̅N̅^norm2[i, l]
-    # t11[i] = Σ_l(P^norm2[i, l]*P̅^norm2[i, l])
     # β̅^norm2[i] = -Σ_l(P^norm2[i, l]*P̅^norm2[i, l])/(2*(ε + β^norm2[i]))
-    # t12[i] = Σ_k(P^norm2[i, k])
-    # t13[i] = Σ_l(P̅^norm2[i, l])
     norm2_x_bar, _, _ = _layer_norm_adjoint(norm2_out_bar, norm2_p, norm2_beta, norm2_gain, eps)
     del norm2_beta, norm2_out_bar, norm2_p
 
@@ -1012,7 +1005,6 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads):
     attn_o_bar = attn_o_bar.reshape(batch, n_tokens, n_heads, d_head)
     del attn_out_bar
     # γ̅^attn[m, i, j] = Σ_e(O̅^attn[i, m, e]*V^attn[j, m, e])
-    # t14[m, i] = Σ_n(γ^attn[m, i, n]*γ̅^attn[m, i, n])
     # a̅^attn[m, i, j] = γ^attn[m, i, j]*γ̅^attn[m, i, j] - γ^attn[m, i, j]*Σ_n(γ^attn[m, i, n]*γ̅^attn[m, i, n])
     # V̅^attn[i, m, e] = Σ_j(γ^attn[m, j, i]*O̅^attn[j, m, e])
     # K̅^attn[i, m, e] = Σ_j(a̅^attn[m, j, i]*Q^attn[j, m, e])/sqrt(N_e)
@@ -1081,19 +1073,13 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads):
     norm1_gain_bar = norm1_gain_bar_0 + norm1_gain_bar_1
     del norm1_gain_bar_0, norm1_gain_bar_1
     # P̅^norm1[i, l] = g_norm1[l]*L̅N̅^norm1[i, l]
-    # t18[i] = Σ_l(P^norm1[i, l]*P̅^norm1[i, l])
     # β̅^norm1[i] = -Σ_l(P^norm1[i, l]*P̅^norm1[i, l])/(2*(ε + β^norm1[i]))
-    # t19[i] = Σ_k(P^norm1[i, k])
-    # t20[i] = Σ_l(P̅^norm1[i, l])
     norm1_x_bar, _, _ = _layer_norm_adjoint(norm1_out_bar, norm1_p, norm1_beta, norm1_gain, eps)
     del norm1_beta, norm1_out_bar, norm1_p
 
     # --- adjoint of branch substep 3: ffn, explicit on Proj(norm2) ---
     # P̅^{norm2,2}[i, l] = L̅N̅^{norm2,2}[i, l]*g_norm2[l]
-    # t8[i] = Σ_l(P^{norm2,2}[i, l]*P̅^{norm2,2}[i, l])
     # β̅^{norm2,2}[i] = -Σ_l(P^{norm2,2}[i, l]*P̅^{norm2,2}[i, l])/(2*(ε + β^{norm2,2}[i]))
-    # t9[i] = Σ_k(P^{norm2,2}[i, k])
-    # t10[i] = Σ_l(P̅^{norm2,2}[i, l])
     norm22_x_bar, _, _ = _layer_norm_adjoint(norm22_out_bar, norm22_p, norm22_beta, norm2_gain, eps)
     del norm22_beta, norm22_out_bar, norm22_p
 
@@ -1150,10 +1136,7 @@ def _final_norm_vjp_backward(saved, u1_bar, p, chi, eps, n_heads):
     # g̅_final_norm[l] = Σ_i(P^final_norm[i, l]*λ^(1)[i, l])
     # c̅_final_norm[l] = Σ_i(λ^(1)[i, l])
     # P̅^final_norm[i, l] = g_final_norm[l]*λ^(1)[i, l]
-    # t1[i] = Σ_l(P^final_norm[i, l]*P̅^final_norm[i, l])
     # β̅^final_norm[i] = -Σ_l(P^final_norm[i, l]*P̅^final_norm[i, l])/(2*(ε + β^final_norm[i]))
-    # t2[i] = Σ_k(P^final_norm[i, k])
-    # t3[i] = Σ_l(P̅^final_norm[i, l])
     # α̅^final_norm[i] = -Σ_l(P̅^final_norm[i, l])/sqrt(ε + β^final_norm[i]) - 2*sqrt(ε + β^final_norm[i])*β̅^final_norm[i]*Σ_k(P^final_norm[i, k])/N_y
     # λ^(0)[i, l] = P̅^final_norm[i, l]/sqrt(ε + β^final_norm[i]) + 2*sqrt(ε + β^final_norm[i])*β̅^final_norm[i]*P^final_norm[i, l]/N_y + α̅^final_norm[i]/N_y
     u0_bar, final_norm_gain_bar, final_norm_bias_bar = _layer_norm_adjoint(u1_bar, final_norm_p, final_norm_beta, final_norm_gain, eps)

@@ -958,10 +958,7 @@ def _vjp_backward(saved, u3_bar, p, chi, eps, n_heads, chi_m, need_u=True):
     # g̅_norm3[l] = Σ_i(L̅N̅^norm3[i, l]*P^norm3[i, l])
     # c̅_norm3[l] = Σ_i(L̅N̅^norm3[i, l])
     # P̅^norm3[i, l] = g_norm3[l]*L̅N̅^norm3[i, l]
-    # t1[i] = Σ_l(P^norm3[i, l]*P̅^norm3[i, l])
     # β̅^norm3[i] = -Σ_l(P^norm3[i, l]*P̅^norm3[i, l])/(2*(ε + β^norm3[i]))
-    # t2[i] = Σ_k(P^norm3[i, k])
-    # t3[i] = Σ_l(P̅^norm3[i, l])
     norm3_x_bar, norm3_gain_bar, norm3_bias_bar = _layer_norm_adjoint(norm3_out_bar, norm3_p, norm3_beta, norm3_gain, eps)
     del norm3_beta, norm3_out_bar, norm3_p
 
@@ -980,7 +977,6 @@ def _vjp_backward(saved, u3_bar, p, chi, eps, n_heads, chi_m, need_u=True):
     cross_o_bar = torch.mm(cross_out_bar.reshape(-1, d), cross_W_o.t()).view(batch, n_tokens, n_heads, d_head)
     del cross_out_bar
     # γ̅^cross[m, i, t] = Σ_e(O̅^cross[i, m, e]*V^cross[t, m, e])
-    # t4[m, i] = Σ_o(γ^cross[m, i, o]*γ̅^cross[m, i, o])
     # a̅^cross[m, i, t] = γ^cross[m, i, t]*γ̅^cross[m, i, t] - γ^cross[m, i, t]*Σ_o(γ^cross[m, i, o]*γ̅^cross[m, i, o])
     # V̅^cross[t, m, e] = Σ_i(γ^cross[m, i, t]*O̅^cross[i, m, e])
     # K̅^cross[t, m, e] = Σ_i(a̅^cross[m, i, t]*Q^cross[i, m, e])/sqrt(N_e)
@@ -1016,10 +1012,7 @@ def _vjp_backward(saved, u3_bar, p, chi, eps, n_heads, chi_m, need_u=True):
     # g̅_norm2[l] = Σ_i(L̅N̅^norm2[i, l]*P^norm2[i, l])
     # c̅_norm2[l] = Σ_i(L̅N̅^norm2[i, l])
     # P̅^norm2[i, l] = g_norm2[l]*L̅N̅^norm2[i, l]
-    # t7[i] = Σ_l(P^norm2[i, l]*P̅^norm2[i, l])
     # β̅^norm2[i] = -Σ_l(P^norm2[i, l]*P̅^norm2[i, l])/(2*(ε + β^norm2[i]))
-    # t8[i] = Σ_k(P^norm2[i, k])
-    # t9[i] = Σ_l(P̅^norm2[i, l])
     norm2_x_bar, norm2_gain_bar, norm2_bias_bar = _layer_norm_adjoint(norm2_out_bar, norm2_p, norm2_beta, norm2_gain, eps)
     del norm2_beta, norm2_out_bar, norm2_p
 
@@ -1038,7 +1031,6 @@ def _vjp_backward(saved, u3_bar, p, chi, eps, n_heads, chi_m, need_u=True):
     attn_o_bar = torch.mm(attn_out_bar.reshape(-1, d), attn_W_o.t()).view(batch, n_tokens, n_heads, d_head)
     del attn_out_bar
     # γ̅^attn[m, i, j] = Σ_e(O̅^attn[i, m, e]*V^attn[j, m, e])
-    # t10[m, i] = Σ_n(γ^attn[m, i, n]*γ̅^attn[m, i, n])
     # a̅^attn[m, i, j] = γ^attn[m, i, j]*γ̅^attn[m, i, j] - γ^attn[m, i, j]*Σ_n(γ^attn[m, i, n]*γ̅^attn[m, i, n])
     # V̅^attn[i, m, e] = Σ_j(γ^attn[m, j, i]*O̅^attn[j, m, e])
     # K̅^attn[i, m, e] = Σ_j(a̅^attn[m, j, i]*Q^attn[j, m, e])/sqrt(N_e)
@@ -1073,10 +1065,7 @@ def _vjp_backward(saved, u3_bar, p, chi, eps, n_heads, chi_m, need_u=True):
     # g̅_norm1[l] = Σ_i(L̅N̅^norm1[i, l]*P^norm1[i, l])
     # c̅_norm1[l] = Σ_i(L̅N̅^norm1[i, l])
     # P̅^norm1[i, l] = g_norm1[l]*L̅N̅^norm1[i, l]
-    # t14[i] = Σ_l(P^norm1[i, l]*P̅^norm1[i, l])
     # β̅^norm1[i] = -Σ_l(P^norm1[i, l]*P̅^norm1[i, l])/(2*(ε + β^norm1[i]))
-    # t15[i] = Σ_k(P^norm1[i, k])
-    # t16[i] = Σ_l(P̅^norm1[i, l])
     norm1_x_bar, norm1_gain_bar, norm1_bias_bar = _layer_norm_adjoint(norm1_out_bar, norm1_p, norm1_beta, norm1_gain, eps)
     del norm1_beta, norm1_out_bar, norm1_p
     if need_u:

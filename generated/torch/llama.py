@@ -948,7 +948,6 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, n_kv_heads, pos, rope_the
     attn_o_bar = torch.mm(attn_out_bar.reshape(-1, d), attn_W_o.t()).view(batch, n_tokens, n_kv_heads, n_rep, d_head)
     del attn_out_bar
     # γ̅^attn[g, s, i, j] = Σ_e(O̅^attn[i, g, s, e]*V^attn[j, g, e])
-    # t4[g, s, i] = Σ_n(γ^attn[g, s, i, n]*γ̅^attn[g, s, i, n])
     # a̅^attn[g, s, i, j] = γ^attn[g, s, i, j]*γ̅^attn[g, s, i, j] - γ^attn[g, s, i, j]*Σ_n(γ^attn[g, s, i, n]*γ̅^attn[g, s, i, n])
     # V̅^attn[i, g, e] = Σ_{j,s}(γ^attn[g, s, j, i]*O̅^attn[j, g, s, e])
     # K̂̅^attn[i, g, c, r] = Σ_{s,j}(a̅^attn[g, s, j, i]*Q̂^attn[j, g, s, c, r])/sqrt(N_e)

@@ -801,7 +801,6 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads, need_u=True):
     # O̅^{attn,2}[i, m, e] = Σ_l(A̅^{attn,2}[i, l]*W^O_attn[m, e, l])
     attn2_o_bar = torch.mm(attn2_out_bar.reshape(-1, d), attn_W_o.t()).view(batch, n_tokens, n_heads, d_head)
     # γ̅^{attn,2}[m, i, j] = Σ_e(O̅^{attn,2}[i, m, e]*V^{attn,2}[j, m, e])
-    # t1[m, i] = Σ_n(γ^{attn,2}[m, i, n]*γ̅^{attn,2}[m, i, n])
     # a̅^{attn,2}[m, i, j] = γ^{attn,2}[m, i, j]*γ̅^{attn,2}[m, i, j] - γ^{attn,2}[m, i, j]*Σ_n(γ^{attn,2}[m, i, n]*γ̅^{attn,2}[m, i, n])
     # V̅^{attn,2}[i, m, e] = Σ_j(γ^{attn,2}[m, j, i]*O̅^{attn,2}[j, m, e])
     # K̅^{attn,2}[i, m, e] = Σ_j(a̅^{attn,2}[m, j, i]*Q^{attn,2}[j, m, e])/sqrt(N_e)
@@ -818,10 +817,7 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads, need_u=True):
     norm12_out_bar = t2.add_(t3 + t4) if inference else t2 + t3 + t4
     del t2, t3, t4
     # P̅^{norm1,2}[i, l] = L̅N̅^{norm1,2}[i, l]*g_norm1[l]
-    # t5[i] = Σ_l(P^{norm1,2}[i, l]*P̅^{norm1,2}[i, l])
     # β̅^{norm1,2}[i] = -Σ_l(P^{norm1,2}[i, l]*P̅^{norm1,2}[i, l])/(2*(ε + β^{norm1,2}[i]))
-    # t6[i] = Σ_k(P^{norm1,2}[i, k])
-    # t7[i] = Σ_l(P̅^{norm1,2}[i, l])
     norm12_x_bar, _, _ = _layer_norm_adjoint(norm12_out_bar, norm12_p, norm12_beta, norm1_gain, eps)
     del norm12_beta
 
@@ -891,10 +887,7 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads, need_u=True):
     norm2_gain_bar = norm2_gain_bar_0 + norm2_gain_bar_1
     del norm2_gain_bar_0, norm2_gain_bar_1
     # P̅^norm2[i, l] = g_norm2[l]*L̅N̅^norm2[i, l]
-    # t11[i] = Σ_l(P^norm2[i, l]*P̅^norm2[i, l])
     # β̅^norm2[i] = -Σ_l(P^norm2[i, l]*P̅^norm2[i, l])/(2*(ε + β^norm2[i]))
-    # t12[i] = Σ_k(P^norm2[i, k])
-    # t13[i] = Σ_l(P̅^norm2[i, l])
     norm2_x_bar, _, _ = _layer_norm_adjoint(norm2_out_bar, norm2_p, norm2_beta, norm2_gain, eps)
     del norm2_beta, norm2_out_bar, norm2_p
 
@@ -921,7 +914,6 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads, need_u=True):
     attn_o_bar = torch.mm(attn_out_bar.reshape(-1, d), attn_W_o.t()).view(batch, n_tokens, n_heads, d_head)
     del attn_out_bar
     # γ̅^attn[m, i, j] = Σ_e(O̅^attn[i, m, e]*V^attn[j, m, e])
-    # t14[m, i] = Σ_n(γ^attn[m, i, n]*γ̅^attn[m, i, n])
     # a̅^attn[m, i, j] = γ^attn[m, i, j]*γ̅^attn[m, i, j] - γ^attn[m, i, j]*Σ_n(γ^attn[m, i, n]*γ̅^attn[m, i, n])
     # V̅^attn[i, m, e] = Σ_j(γ^attn[m, j, i]*O̅^attn[j, m, e])
     # K̅^attn[i, m, e] = Σ_j(a̅^attn[m, j, i]*Q^attn[j, m, e])/sqrt(N_e)
@@ -990,19 +982,13 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads, need_u=True):
 
         # --- adjoint of branch substep 1: attn, explicit on Proj(norm1) ---
         # P̅^norm1[i, l] = g_norm1[l]*L̅N̅^norm1[i, l]
-        # t18[i] = Σ_l(P^norm1[i, l]*P̅^norm1[i, l])
         # β̅^norm1[i] = -Σ_l(P^norm1[i, l]*P̅^norm1[i, l])/(2*(ε + β^norm1[i]))
-        # t19[i] = Σ_k(P^norm1[i, k])
-        # t20[i] = Σ_l(P̅^norm1[i, l])
         norm1_x_bar, _, _ = _layer_norm_adjoint(norm1_out_bar, norm1_p, norm1_beta, norm1_gain, eps)
         del norm1_beta, norm1_out_bar, norm1_p
 
         # --- adjoint of branch substep 3: ffn, explicit on Proj(norm2) ---
         # P̅^{norm2,2}[i, l] = L̅N̅^{norm2,2}[i, l]*g_norm2[l]
-        # t8[i] = Σ_l(P^{norm2,2}[i, l]*P̅^{norm2,2}[i, l])
         # β̅^{norm2,2}[i] = -Σ_l(P^{norm2,2}[i, l]*P̅^{norm2,2}[i, l])/(2*(ε + β^{norm2,2}[i]))
-        # t9[i] = Σ_k(P^{norm2,2}[i, k])
-        # t10[i] = Σ_l(P̅^{norm2,2}[i, l])
         norm22_x_bar, _, _ = _layer_norm_adjoint(norm22_out_bar, norm22_p, norm22_beta, norm2_gain, eps)
         del norm22_beta, norm22_out_bar, norm22_p
 

@@ -5,6 +5,9 @@ TIMM_VERSION ?= 1.0.31
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(TORCH_VERSION)
+# constraints.txt pins the environment of the default torch; another TORCH_VERSION may need other versions (torch 2.5
+# and 2.6 require sympy 1.13.1) and installs what pip resolves.
+CONSTRAINTS := $(if $(filter 2.13.0,$(TORCH_VERSION)),-c constraints.txt)
 
 .PHONY: lock demo test generate bench bench-gpu gpu-wheels bench-backward train-demo latex-check mutation clean
 
@@ -18,16 +21,20 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "torch==$(TORCH_VERSION)"
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[torch,test,bench,docs]"
+	$(BIN)/python -m pip install --quiet $(CONSTRAINTS) -e ".[torch,test,bench,docs]"
 	$(BIN)/python -m pip install --quiet --no-deps "timm==$(TIMM_VERSION)"
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
 # Each package's version in the environment the suite passed in ($(VENV)), but torch and timm (pinned above) and
 # splitformer.
+# Rewritten only where a version changed (a new file would reinstall .venv at the next make).
 lock:
+	@test -x $(BIN)/python || { echo "make lock: no $(VENV) to read (make test builds it)"; exit 2; }
+	$(BIN)/python -m pip freeze --exclude-editable > $(VENV)/freeze.txt
 	{ echo "# The versions \`make\` installs (pip constraints). Written by \`make lock\` from the suite's environment."; \
-	  $(BIN)/python -m pip freeze --exclude-editable | grep -v -i -E '^(torch|timm|splitformer)=='; } > constraints.txt
+	  grep -v -i -E '^(torch|timm|splitformer)==' $(VENV)/freeze.txt; } > $(VENV)/constraints.txt
+	cmp -s $(VENV)/constraints.txt constraints.txt || cp $(VENV)/constraints.txt constraints.txt
 
 demo: $(STAMP)
 	$(BIN)/splitformer derive post-ln --backend all --out generated

@@ -157,6 +157,14 @@ def test_json_has_the_fixed_shape(capsys):
     assert orders["generators"] == {"attn": "attention attn on Proj(norm1)", "ffn": "feed-forward ffn on Proj(norm2)"}
     assert "projection substeps are excluded" in orders["projections"]
     assert "h^{2}" in orders["leading_error"]
+    assert orders["splitting_note"] == ""  # a number; rk2's says why it has none (below)
+
+
+def test_json_says_why_a_step_is_no_splitting(capsys):
+    """A reviewer (s46): the reason for "—" was only in the order check's detail, which a file claiming no order lacks."""
+    assert main(["check", "rk2", "--only", "order", "--format", "json"]) == 0
+    orders = json.loads(capsys.readouterr().out)["orders"]["rk2"]
+    assert orders["splitting_order"] is None and orders["splitting_note"].startswith("not a splitting: every sub-flow")
 
 
 def test_plots_are_written(tmp_path, capsys):

@@ -218,6 +218,13 @@ def test_multiples_of_the_field_that_do_not_compose_to_its_flow_are_a_splitting(
     assert not order_check(parse_scheme(_relaxation(("2", "0"), claim=2)), relaxed).holds
     averaged = splitting_order(parse_scheme(_relaxation(("1", "1"))))
     assert averaged.splitting_order is None and averaged.splitting_note.startswith("not a splitting"), averaged
+    # a reviewer (s46): G = attn − ffn, whose coefficients sum to 0 (the one-field analysis summed them: every flow
+    # was the identity, "not a splitting")
+    cancelling = splitting_order(parse_scheme(
+        'name = "zerosum"\nsummary = "s"\n[operators]\nattn = "attention"\nffn = "feed-forward"\n[[steps]]\n'
+        'parallel = [[{ rk = "heun", fields = [{ operator = "attn", fraction = "2" }, '
+        '{ operator = "ffn", fraction = "-2" }] }], []]\nweights = ["1/2", "1/2"]\n'))
+    assert (cancelling.order, cancelling.splitting_order) == (1, 1), cancelling
 
 
 def test_the_slope_with_exact_subflows_integrates_a_runge_kutta_step_as_the_flow_of_its_field():
@@ -274,3 +281,18 @@ def test_the_convergence_statement_of_a_causal_scheme_says_its_support_is_left_o
     study = SimpleNamespace(errors=[1.0], steps=[1, 2], finite_reference=False)
     assert "causal support" in convergence_check(load_scheme("gpt2"), study, 1).statement
     assert "causal" not in convergence_check(load_scheme("pre-ln"), study, 1).statement
+
+
+def test_tied_instances_read_through_other_maps_stay_two_fields():
+    """An order auditor (s46): macaron-pre-ln with ffn_post on the raw state (ffn_pre on norm1) was given tied
+    splitting order 2: tying merged the two feed-forwards into one generator although ½F(LN u) and ½F(u) are two
+    fields (measured: 1). Control: both on tied norms, one field when tied: 2."""
+    text = (ROOT / "symbolic" / "schemes" / "macaron-pre-ln.toml").read_text(encoding="utf-8")
+    assert splitting_order(parse_scheme(text)).tied_splitting_order == 2
+    steps = text.split("[[steps]]")
+    assert 'operator = "ffn_post"' in steps[-1] and 'on = "' in steps[-1]
+    raw = "[[steps]]".join(steps[:-1] + ["\n".join(line for line in steps[-1].splitlines()
+                                                    if not line.startswith("on = ")) + "\n"])
+    raw = "\n".join(line for line in raw.splitlines() if not line.startswith("norm3 = "))  # then unused
+    result = splitting_order(parse_scheme(raw))
+    assert (result.order, result.splitting_order, result.tied_splitting_order) == (1, 1, 1), result

@@ -94,8 +94,8 @@ class CheckReport:
             for name, order in self.orders.items():
                 lines.append(f"{name:20} {_shown(order['order']):>5} {_shown(order['splitting_order']):>9} "
                              f"{_shown(order['tied_splitting_order']):>4}  {self.leading_text[name]}")
-            lines.append("generators: one per operator instance; tied: the instances of one kind and options "
-                         "merged (shared parameters).")
+            lines.append("generators: one per operator instance and the maps it is read through (on, then, combine, "
+                         "shift); tied: the instances of one kind and options merged (shared parameters).")
             for name, order in self.orders.items():
                 for title, key in (("own solvers", "conditions"), ("exact sub-flows", "splitting_conditions")):
                     if order[key]:
@@ -263,7 +263,7 @@ def _orders(scheme: Scheme, report: CheckReport) -> Check | None:
         "tied_splitting_order": result.tied_splitting_order,
         "generators": result.generators, "projections": PROJECTIONS,
         "conditions": list(result.conditions), "splitting_conditions": list(result.splitting_conditions),
-        "checked_nodes": result.checked_nodes,
+        "checked_nodes": result.checked_nodes, "splitting_note": result.splitting_note,
     }
     report.leading_text[scheme.name] = result.leading_error_text
     return order_check(scheme, result)

@@ -72,7 +72,8 @@ class OrderResult:
     checked_nodes: int = MAX_NODES
     #: Node × state updates the analysis made (bounded by ``trees.MAX_WORK``).
     work: int = 0
-    #: Some sub-flow's field is no multiple of the whole field (else the exact sub-flows are the equation's own flow).
+    #: Some sub-flow's field is no multiple of the whole field, or the multiples do not compose to its flow (else the
+    #: exact sub-flows are the equation's own flow).
     is_splitting: bool = True
     #: Why ``splitting_order`` is ``None`` (``""`` where it is a number): not a splitting, exact, or undecided.
     splitting_note: str = ""
@@ -93,16 +94,20 @@ class OrderResult:
 
 
 def _colours(scheme: Scheme, names: dict[str, str]) -> dict[tuple, str]:
-    """The colour of each field ``Substep.field``: the operator's name, with its ``on`` (``@``), ``then``
-    (``>``), ``combine`` (``&``) and ``shift`` (``~``) where the operator has several fields."""
-    fields: dict[str, set] = {}
-    for step in scheme.substeps():
-        if step.solver != "projection":
-            fields.setdefault(step.operator, set()).add(step.field)
-    return {(operator, on, then, step, combine, shift): names[operator] + (
-        (f"@{names[on]}" if on else "") + (f">{names[then]}" if then else "") + (f"&{names[combine]}" if combine else "")
-        + (f"~{names[shift]}" if shift else "") if len(used) > 1 else "")
-        for operator, used in fields.items() for (operator, on, then, step, combine, shift) in used}
+    """The colour of each field ``Substep.field``: its operator's name (``names``: its own, or its kind's where
+    instances are tied), with its ``on`` (``@``), ``then`` (``>``), ``combine`` (``&``) and ``shift`` (``~``) where
+    that name has fields of several such maps (two tied feed-forwards, one on a norm and one on the raw state, are
+    two fields: an order auditor found them merged, s46)."""
+    def maps(field: tuple) -> str:
+        _, on, then, _, combine, shift = field
+        return ((f"@{names[on]}" if on else "") + (f">{names[then]}" if then else "")
+                + (f"&{names[combine]}" if combine else "") + (f"~{names[shift]}" if shift else ""))
+
+    fields = {step.field for step in scheme.substeps() if step.solver != "projection"}
+    used: dict[str, set] = {}
+    for field in fields:
+        used.setdefault(names[field[0]], set()).add(maps(field))
+    return {field: names[field[0]] + (maps(field) if len(used[names[field[0]]]) > 1 else "") for field in fields}
 
 
 def _fraction(value) -> Fraction:
@@ -112,10 +117,11 @@ def _fraction(value) -> Fraction:
 
 class _Builder:
     """Adds the states of one step to a ``Program``; ``exact`` swaps each substep's solver for its exact sub-flow (a
-    Runge–Kutta step's: the flow of its summed field), and ``flows`` lists the field of each sub-flow."""
+    Runge–Kutta step's: the flow of its summed field), and ``flows`` lists the field of each sub-flow. With ``whole``
+    (every field a multiple of it), each field is that multiple of the one generator ``_WHOLE``."""
 
-    def __init__(self, program: Program, colours: dict, exact: bool):
-        self.program, self.colours, self.exact = program, colours, exact
+    def __init__(self, program: Program, colours: dict, exact: bool, whole: dict[str, Fraction] | None = None):
+        self.program, self.colours, self.exact, self.whole = program, colours, exact, whole
         self.flows: list[dict[str, Fraction]] = []
 
     def field(self, steps: tuple[Substep, ...]) -> dict[str, Fraction]:
@@ -123,7 +129,11 @@ class _Builder:
         for step in steps:
             colour = self.colours[step.field]
             total[colour] = total.get(colour, Fraction(0)) + _fraction(step.fraction)
-        return total
+        if self.whole is None:
+            return total
+        # the ratio to the whole field, read where it has a coefficient (a sum would cancel: G = attn − ffn)
+        colour = next((colour for colour, c in self.whole.items() if c), None)
+        return {_WHOLE: Fraction(0) if colour is None else total.get(colour, Fraction(0)) / self.whole[colour]}
 
     def sequence(self, sequence: Sequence, state: int) -> int:
         for step in sequence.steps:
@@ -213,21 +223,22 @@ class _Analysis:
         from splitformer.symbolic.equation import equation_terms
 
         self.colours = _colours(scheme, names)
-        if one_field:
-            self.colours = {field: _WHOLE for field in self.colours}
-        self.forest = Forest(tuple(sorted(set(self.colours.values()))))
-        self.program = program = Program()
         exact_field: dict[str, Fraction] = {}
         for term in equation_terms(scheme):
             if not term.projection:
                 colour = self.colours[term.substep.field]
                 exact_field[colour] = exact_field.get(colour, Fraction(0)) + _fraction(term.coefficient)
+        whole = exact_field if one_field else None  # every sub-flow a multiple of it: the one generator G
+        if one_field:
+            exact_field = {_WHOLE: Fraction(1 if any(whole.values()) else 0)}
+        self.forest = Forest(tuple(sorted(exact_field if one_field else set(self.colours.values()))))
+        self.program = program = Program()
         self.exact_field = exact_field
         self.reference = program.flow(0, exact_field)
         self.modes: dict[str, _Mode] = {}
         if own:
             self.modes["order"] = _Mode(_Builder(program, self.colours, False).sequence(scheme.body, 0))
-        exact = _Builder(program, self.colours, True)
+        exact = _Builder(program, self.colours, True, whole)
         split = exact.sequence(scheme.body, 0)
         # a splitting where some sub-flow's field is not a multiple of the equation's, or where the multiples do
         # not compose to its flow (a relaxation ½ φ_{2hG} + ½ u); one field's sub-flows, a Runge–Kutta step of every

@@ -91,3 +91,20 @@ def test_each_layer_norm_adjoint_sits_under_its_own_substeps_header():
                                                                 "u1_bar": "adjoint of substep 2: norm1, projection"}
     costates = {op.out: op.section for op in lowered_backward("post-ln", WITHOUT).adjoint.ops}  # control: λ's own
     assert costates["u3_bar"].startswith("adjoint of substep 3") and costates["u1_bar"].startswith("adjoint of substep 1")
+
+
+def test_no_adjoint_header_opens_twice_in_a_generated_numpy_module():
+    """A reviewer (s46): under its own section, symmetric-parallel's norm2 adjoint (fused where u⁰'s costate is summed,
+    after branch substep 1) reopened "adjoint of branch substep 3" and then substep 1 again. A fused adjoint whose section
+    closed before it stays under the costate's (``_not_reopening``); every function's headers are distinct."""
+    import ast
+
+    from conftest import GENERATED
+
+    for path in sorted((GENERATED / "numpy").glob("*.py")):
+        source = path.read_text(encoding="utf-8")
+        for function in ast.walk(ast.parse(source)):
+            if isinstance(function, ast.FunctionDef):
+                lines = source.splitlines()[function.lineno - 1:function.end_lineno]
+                headers = [line.strip() for line in lines if line.strip().startswith("# --- adjoint of")]
+                assert len(headers) == len(set(headers)), (path.name, function.name, headers)

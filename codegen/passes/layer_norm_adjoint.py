@@ -179,6 +179,18 @@ def _fuse_one(module: Module) -> list | None:
             if found is not None:
                 group, replacement = found
                 gone = {id(item) for item in group}
-                return [new for item in module.ops if id(item) not in gone
-                        for new in (replacement if item is op else [item])]
+                ops = [new for item in module.ops if id(item) not in gone
+                       for new in (replacement if item is op else [item])]
+                return _not_reopening(ops, replacement[0], op.section)
     return None
+
+
+def _not_reopening(ops: list, fused, costate_section: str) -> list:
+    """``ops`` with ``fused`` under the costate's section where its own (its normalization's) closed before it: a
+    LayerNorm read by two branches from one state is fused where that state's costate is summed, after the branches'
+    other sections (symmetric-parallel's norm2 of branch substep 3, after substep 1), and would repeat a header."""
+    at = next(index for index, item in enumerate(ops) if item is fused)
+    before = [item.section for item in ops[:at]]
+    if fused.section in before and before[-1] != fused.section:
+        ops[at] = replace(fused, section=costate_section)
+    return ops

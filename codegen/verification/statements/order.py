@@ -244,7 +244,7 @@ class _Analysis:
         # not compose to its flow (a relaxation ½ φ_{2hG} + ½ u); one field's sub-flows, a Runge–Kutta step of every
         # field or its fractional steps in sequence are the equation's own flow: no splitting
         if one_field or not all(_proportional(flow, exact_field) for flow in exact.flows) or \
-                _multiples_order(scheme) is not None:
+                _multiples_order(scheme, names) is not None:
             self.modes["splitting"] = _Mode(split)
         self.checked = 0
         self._decide()
@@ -320,12 +320,12 @@ class _Analysis:
                              for colour, c in self.exact_field.items()], MAX_NODES)
 
 
-def _multiples_order(scheme: Scheme) -> int | None:
+def _multiples_order(scheme: Scheme, names: dict[str, str]) -> int | None:
     """The order of the exact sub-flows' composition where each is the flow of a multiple of the whole field G: they
     commute, so the step is Σ_i w_i φ_{s_i h G}, decided on the trees of G alone (order p: Σ_i w_i s_i^k = 1 for k ≤ p;
     post-LN's relaxation without its attention, ½ φ_{2hG} + ½ u, has order 1). None where it is G's own flow on every
-    tree checked."""
-    return _Analysis(scheme, {key: key for key in scheme.operators}, own=False, one_field=True).modes["splitting"].order
+    tree checked. ``names`` as the caller's analysis colours the fields (tied instances one field)."""
+    return _Analysis(scheme, names, own=False, one_field=True).modes["splitting"].order
 
 
 def _walk(tree):

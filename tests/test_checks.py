@@ -161,7 +161,8 @@ def test_json_has_the_fixed_shape(capsys):
 
 
 def test_json_says_why_a_step_is_no_splitting(capsys):
-    """A reviewer (s46): the reason for "—" was only in the order check's detail, which a file claiming no order lacks."""
+    """A reviewer (s46): the reason for "—" was only in the order check's detail, which a file claiming no order
+    lacks."""
     assert main(["check", "rk2", "--only", "order", "--format", "json"]) == 0
     orders = json.loads(capsys.readouterr().out)["orders"]["rk2"]
     assert orders["splitting_order"] is None and orders["splitting_note"].startswith("not a splitting: every sub-flow")

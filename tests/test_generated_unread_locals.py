@@ -35,7 +35,8 @@ def unread_locals(source: str) -> list[str]:
                     assigned.setdefault(target.id, node.lineno)
             elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
                 read.add(node.id)
-        found += [f"{function.name}: {name} (line {line})" for name, line in assigned.items() if name not in read | {"_"}]
+        found += [f"{function.name}: {name} (line {line})" for name, line in assigned.items()
+                  if name not in read | {"_"}]
     return found
 
 

@@ -90,13 +90,14 @@ def test_each_layer_norm_adjoint_sits_under_its_own_substeps_header():
     assert {name: op.section for name, op in fused.items()} == {"u3_bar": "adjoint of substep 4: norm2, projection",
                                                                 "u1_bar": "adjoint of substep 2: norm1, projection"}
     costates = {op.out: op.section for op in lowered_backward("post-ln", WITHOUT).adjoint.ops}  # control: λ's own
-    assert costates["u3_bar"].startswith("adjoint of substep 3") and costates["u1_bar"].startswith("adjoint of substep 1")
+    assert costates["u3_bar"].startswith("adjoint of substep 3")
+    assert costates["u1_bar"].startswith("adjoint of substep 1")
 
 
 def test_no_adjoint_header_opens_twice_in_a_generated_numpy_module():
     """A reviewer (s46): under its own section, symmetric-parallel's norm2 adjoint (fused where u⁰'s costate is summed,
-    after branch substep 1) reopened "adjoint of branch substep 3" and then substep 1 again. A fused adjoint whose section
-    closed before it stays under the costate's (``_not_reopening``); every function's headers are distinct."""
+    after branch substep 1) reopened "adjoint of branch substep 3" and then substep 1 again. A fused adjoint whose
+    section closed before it stays under the costate's (``_not_reopening``); every function's headers are distinct."""
     import ast
 
     from conftest import GENERATED

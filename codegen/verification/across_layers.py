@@ -100,7 +100,8 @@ def across_order_check(scheme: Scheme) -> tuple[Check | None, dict]:
     recorded = {"order": result.order, "splitting_order": None, "tied_splitting_order": None,
                 "leading_error": str(result.leading_in_fields), "exact_subflows_error": None, "generators": [],
                 "projections": PROJECTIONS, "conditions": [], "splitting_conditions": [], "checked_nodes": None,
-                "across_layers": scheme.across_layers.method, "consistent_scale": str(result.scale), "splitting_note": ""}
+                "across_layers": scheme.across_layers.method, "consistent_scale": str(result.scale),
+                "splitting_note": ""}
     claimed = scheme.claims.get("order")
     if claimed is None:
         return None, recorded

@@ -173,7 +173,8 @@ def convergence_check(scheme: Scheme, study: Study, order: int, exact_subflows: 
     name = f"convergence/{scheme.name}" + ("/splitting" if exact_subflows else "")
     causal = ", attention over every token: the causal support, which no order condition reads, left out"
     statement = (f"On the continuous model with frozen smooth nonlinear fields (tanh activation, projections held "
-                 f"out{causal if scheme.causal else ''}), the error at T = 1 of {scheme.name} with N_t = {', '.join(map(str, study.steps))} steps "
+                 f"out{causal if scheme.causal else ''}), the error at T = 1 of {scheme.name} with N_t = "
+                 f"{', '.join(map(str, study.steps))} steps "
                  f"decays with slope within {TOLERANCE} of its {what} {order} from the order conditions on trees.")
     if not study.finite_reference:
         return Check(name, scheme.name, statement, SKIPPED, True,

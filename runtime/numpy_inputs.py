@@ -22,7 +22,7 @@ def _array(name, value):
 
 
 def _memory(memory, batch, d, dtype):
-    """The memory m[b, t, k] an operator reads (its declared input), held fixed over the step."""
+    """The memory M[b, t, k] an operator reads (its declared input), held fixed over the step."""
     given = _array("memory", memory)
     memory = given[None] if given.ndim == 2 else given
     if not np.issubdtype(memory.dtype, np.floating) or memory.ndim != 3 or memory.shape[0] != batch \

@@ -12,7 +12,7 @@ from .torch_helpers import _check_mask, _in_place, _mask_on, _one_sequence, _rec
 
 
 def _memory(memory: torch.Tensor, batch: int, d: int, like: torch.Tensor) -> torch.Tensor:
-    """The memory m[b, t, k] an operator reads (its declared input), held fixed over the step."""
+    """The memory M[b, t, k] an operator reads (its declared input), held fixed over the step."""
     given = memory
     memory = memory[None] if memory.dim() == 2 else memory  # (memory tokens, d): one sequence's
     if memory.dim() != 3 or memory.shape[0] != batch or memory.shape[2] != d or memory.dtype != like.dtype:

@@ -1,6 +1,6 @@
 """Cross-attention: the state attends to a memory held fixed over the step (a decoder's second input).
 
-The memory ``m(x̂, ξ)`` lives on its own token domain ``Ω_m`` (the encoder's output); queries
+The memory ``M(x̂, ξ)`` lives on its own token domain ``Ω_m`` (the encoder's output); queries
 come from the state, keys and values from the memory:
 ``a(h, x, x̂) = |Ω_e|^{-1/2} ∫ q(x, h, e) k(x̂, h, e) de``, ``γ = χ_m e^{a} / ∫_{Ω_m} χ_m e^{a}``, and
 ``∫_{Ω_m} γ(h, x, x̂) v(x̂, h, e) dx̂``. Its support ``χ_m(x, x̂)`` comes from the memory's own
@@ -21,7 +21,7 @@ from .quadrature import integral
 
 __all__ = ["CrossAttention", "MEMORY_FIELD", "MEMORY_SUPPORT"]
 
-#: The memory field ``m(x̂, ξ)``; emitted from the ``memory`` argument.
+#: The memory field ``M(x̂, ξ)``; emitted from the ``memory`` argument.
 MEMORY_FIELD = MEMORY.name
 #: The support ``χ_m(x, x̂)`` of the integral over memory tokens; from ``memory_key_padding_mask``.
 MEMORY_SUPPORT = MEMORY_SUPPORT_INPUT.name

@@ -70,7 +70,7 @@ class Constant:
 
 #: Token positions ``p(x)``; emitted from the ``positions`` argument (default ``0 … N−1``).
 POSITIONS = Input("pos", "p", (X,), "positions", "positions")
-#: A memory ``m(x̂, ξ)`` on its own token domain, held fixed over the step (a decoder's encoder output).
-MEMORY = Input("mem", "m", (X_MEMORY, Y), "memory", "memory")
+#: A memory ``M(x̂, ξ)`` on its own token domain, held fixed over the step (a decoder's encoder output).
+MEMORY = Input("mem", "M", (X_MEMORY, Y), "memory", "memory")
 #: The support ``χ_m(x, x̂)`` of an integral over memory tokens; from ``memory_key_padding_mask``.
 MEMORY_SUPPORT = Input("chi_m", r"\chi_m", (X, X_MEMORY), "support", "memory_key_padding_mask")

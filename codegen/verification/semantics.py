@@ -382,7 +382,7 @@ def _rotary_attention(sem: Semantics, key: str, u: np.ndarray) -> np.ndarray:
 
 
 def _cross_attention(sem: Semantics, key: str, u: np.ndarray) -> np.ndarray:
-    """Queries from the state, keys and values from the memory ``m(x̂, ξ)`` held fixed over the
+    """Queries from the state, keys and values from the memory ``M(x̂, ξ)`` held fixed over the
     step; the token integral runs over the memory grid ``Ω_m`` within its support ``χ_m``."""
     if sem.memory is None:
         raise ValueError(f"{key}: cross-attention needs a memory")

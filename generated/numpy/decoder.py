@@ -418,7 +418,7 @@ def _array(name, value):
 
 
 def _memory(memory, batch, d, dtype):
-    """The memory m[b, t, k] an operator reads (its declared input), held fixed over the step."""
+    """The memory M[b, t, k] an operator reads (its declared input), held fixed over the step."""
     given = _array("memory", memory)
     memory = given[None] if given.ndim == 2 else given
     if not np.issubdtype(memory.dtype, np.floating) or memory.ndim != 3 or memory.shape[0] != batch \
@@ -946,8 +946,8 @@ def forward(u, memory, params, *, n_heads=1, eps=1e-5, key_padding_mask=None, me
         cross_k = _memoized_field(cache, "cross.k", (batch, n_memory, n_heads, d_head))
         cross_v = _memoized_field(cache, "cross.v", (batch, n_memory, n_heads, d_head))
     else:
-        # K^cross[t, m, e] = b^K_cross[m, e] + Σ_k(W^K_cross[k, m, e]*m[t, k])
-        # V^cross[t, m, e] = b^V_cross[m, e] + Σ_k(W^V_cross[k, m, e]*m[t, k])
+        # K^cross[t, m, e] = b^K_cross[m, e] + Σ_k(W^K_cross[k, m, e]*M[t, k])
+        # V^cross[t, m, e] = b^V_cross[m, e] + Σ_k(W^V_cross[k, m, e]*M[t, k])
         cross_kv = _products(mem.reshape(-1, d), (cross_W_k, cross_W_v), (cross_b_k, cross_b_v))
         cross_k, cross_v = np.split(cross_kv, [d_head*n_heads], axis=1)
         cross_k = cross_k.reshape(batch, n_memory, n_heads, d_head)
@@ -1119,8 +1119,8 @@ def _vjp_forward(u0, mem, p, chi, eps, n_heads, chi_m):
     cross_q = u2.reshape(-1, d) @ cross_W_q
     cross_q += cross_b_q
     cross_q = cross_q.reshape(batch, n_tokens, n_heads, d_head)
-    # K^cross[t, m, e] = b^K_cross[m, e] + Σ_k(W^K_cross[k, m, e]*m[t, k])
-    # V^cross[t, m, e] = b^V_cross[m, e] + Σ_k(W^V_cross[k, m, e]*m[t, k])
+    # K^cross[t, m, e] = b^K_cross[m, e] + Σ_k(W^K_cross[k, m, e]*M[t, k])
+    # V^cross[t, m, e] = b^V_cross[m, e] + Σ_k(W^V_cross[k, m, e]*M[t, k])
     cross_kv = _products(mem.reshape(-1, d), (cross_W_k, cross_W_v), (cross_b_k, cross_b_v))
     cross_k, cross_v = np.split(cross_kv, [d_head*n_heads], axis=1)
     cross_k = cross_k.reshape(batch, n_memory, n_heads, d_head)
@@ -1259,11 +1259,11 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads, chi_m):
     # Q̅^cross[i, m, e] = Σ_t(a̅^cross[m, i, t]*K^cross[t, m, e])/sqrt(N_e)
     cross_q_bar, cross_k_bar, cross_v_bar = _attention_adjoint(cross_o_bar, cross_q, cross_k, cross_v, cross_o, cross_gamma_log_total, 1 / math.sqrt(d_head), None if chi_m is None else chi_m[:, None])
     del chi_m, cross_gamma_log_total, cross_k, cross_o, cross_o_bar, cross_q, cross_v
-    # W̅^V_cross[k, m, e] = Σ_t(V̅^cross[t, m, e]*m[t, k])
+    # W̅^V_cross[k, m, e] = Σ_t(V̅^cross[t, m, e]*M[t, k])
     cross_W_v_bar = _einsum("btk,btme->kme", mem, cross_v_bar)
     # b̅^V_cross[m, e] = Σ_t(V̅^cross[t, m, e])
     cross_b_v_bar = _einsum("btme->me", cross_v_bar)
-    # W̅^K_cross[k, m, e] = Σ_t(K̅^cross[t, m, e]*m[t, k])
+    # W̅^K_cross[k, m, e] = Σ_t(K̅^cross[t, m, e]*M[t, k])
     cross_W_k_bar = _einsum("btk,btme->kme", mem, cross_k_bar)
     del mem
     # b̅^K_cross[m, e] = Σ_t(K̅^cross[t, m, e])
@@ -1276,7 +1276,7 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads, chi_m):
     t9 = cross_v_bar.reshape(-1, n_heads * d_head) @ cross_W_v.T
     t9 = t9.reshape(batch, n_memory, d)
     del cross_v_bar
-    # m̅[t, l] = Σ_{m,e}(W^K_cross[l, m, e]*K̅^cross[t, m, e]) + Σ_{m,e}(W^V_cross[l, m, e]*V̅^cross[t, m, e])
+    # M̅[t, l] = Σ_{m,e}(W^K_cross[l, m, e]*K̅^cross[t, m, e]) + Σ_{m,e}(W^V_cross[l, m, e]*V̅^cross[t, m, e])
     mem_bar = np.add(t8, t9, out=t8)
     del t8, t9
     # W̅^Q_cross[k, m, e] = Σ_i(Q̅^cross[i, m, e]*u^(2)[i, k])

@@ -871,8 +871,8 @@ def _vjp_forward(u0, mem, p, chi, eps, n_heads, chi_m):
     # --- substep 3: cross, explicit ---
     # Q^cross[i, m, e] = b^Q_cross[m, e] + Σ_k(W^Q_cross[k, m, e]*u^(2)[i, k])
     cross_q = torch.addmm(cross_b_q, u2.reshape(-1, d), cross_W_q).view(batch, n_tokens, n_heads, d_head)
-    # K^cross[t, m, e] = b^K_cross[m, e] + Σ_k(W^K_cross[k, m, e]*m[t, k])
-    # V^cross[t, m, e] = b^V_cross[m, e] + Σ_k(W^V_cross[k, m, e]*m[t, k])
+    # K^cross[t, m, e] = b^K_cross[m, e] + Σ_k(W^K_cross[k, m, e]*M[t, k])
+    # V^cross[t, m, e] = b^V_cross[m, e] + Σ_k(W^V_cross[k, m, e]*M[t, k])
     cross_kv = torch.addmm(_cat([cross_b_k, cross_b_v], 0), mem.reshape(-1, d), _cat([cross_W_k, cross_W_v], 1))
     cross_k, cross_v = cross_kv.split_with_sizes([d_head*n_heads, d_head*n_heads], dim=1)
     cross_k = cross_k.view(batch, n_memory, n_heads, d_head)
@@ -1005,11 +1005,11 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads, chi_m, need_u=True):
     # Q̅^cross[i, m, e] = Σ_t(a̅^cross[m, i, t]*K^cross[t, m, e])/sqrt(N_e)
     cross_q_bar, cross_k_bar, cross_v_bar = _attention_adjoint(cross_o_bar, cross_q, cross_k, cross_v, cross_o, cross_gamma_log_total, 1 / math.sqrt(d_head), None if chi_m is None else chi_m[:, None])
     del chi_m, cross_gamma_log_total, cross_k, cross_o, cross_o_bar, cross_q, cross_v
-    # W̅^V_cross[k, m, e] = Σ_t(V̅^cross[t, m, e]*m[t, k])
+    # W̅^V_cross[k, m, e] = Σ_t(V̅^cross[t, m, e]*M[t, k])
     cross_W_v_bar = torch.einsum("btk,btme->kme", mem, cross_v_bar)
     # b̅^V_cross[m, e] = Σ_t(V̅^cross[t, m, e])
     cross_b_v_bar = torch.einsum("btme->me", cross_v_bar)
-    # W̅^K_cross[k, m, e] = Σ_t(K̅^cross[t, m, e]*m[t, k])
+    # W̅^K_cross[k, m, e] = Σ_t(K̅^cross[t, m, e]*M[t, k])
     cross_W_k_bar = torch.einsum("btk,btme->kme", mem, cross_k_bar)
     del mem
     # b̅^K_cross[m, e] = Σ_t(K̅^cross[t, m, e])
@@ -1020,7 +1020,7 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads, chi_m, need_u=True):
     # t9[t, l] = Σ_{m,e}(W^V_cross[l, m, e]*V̅^cross[t, m, e])
     t9 = torch.mm(cross_v_bar.reshape(-1, n_heads * d_head), cross_W_v.t()).view(batch, n_memory, d)
     del cross_v_bar
-    # m̅[t, l] = Σ_{m,e}(W^K_cross[l, m, e]*K̅^cross[t, m, e]) + Σ_{m,e}(W^V_cross[l, m, e]*V̅^cross[t, m, e])
+    # M̅[t, l] = Σ_{m,e}(W^K_cross[l, m, e]*K̅^cross[t, m, e]) + Σ_{m,e}(W^V_cross[l, m, e]*V̅^cross[t, m, e])
     mem_bar = t8.add_(t9) if inference else t8 + t9
     del t8, t9
     # W̅^Q_cross[k, m, e] = Σ_i(Q̅^cross[i, m, e]*u^(2)[i, k])
@@ -1186,7 +1186,7 @@ def _support(key_padding_mask: torch.Tensor | None, attn_mask: torch.Tensor | No
 
 
 def _memory(memory: torch.Tensor, batch: int, d: int, like: torch.Tensor) -> torch.Tensor:
-    """The memory m[b, t, k] an operator reads (its declared input), held fixed over the step."""
+    """The memory M[b, t, k] an operator reads (its declared input), held fixed over the step."""
     given = memory
     memory = memory[None] if memory.dim() == 2 else memory  # (memory tokens, d): one sequence's
     if memory.dim() != 3 or memory.shape[0] != batch or memory.shape[2] != d or memory.dtype != like.dtype:
@@ -1875,8 +1875,8 @@ class Block(_CanonicalModule):
             cross_k = _memoized_field(cache, "cross.k", [batch, n_memory, n_heads, d_head])
             cross_v = _memoized_field(cache, "cross.v", [batch, n_memory, n_heads, d_head])
         else:
-            # K^cross[t, m, e] = b^K_cross[m, e] + Σ_k(W^K_cross[k, m, e]*m[t, k])
-            # V^cross[t, m, e] = b^V_cross[m, e] + Σ_k(W^V_cross[k, m, e]*m[t, k])
+            # K^cross[t, m, e] = b^K_cross[m, e] + Σ_k(W^K_cross[k, m, e]*M[t, k])
+            # V^cross[t, m, e] = b^V_cross[m, e] + Σ_k(W^V_cross[k, m, e]*M[t, k])
             cross_kv = torch.addmm(_cat([cross_b_k, cross_b_v], 0), mem.reshape(-1, d), _cat([cross_W_k, cross_W_v], 1))
             cross_k, cross_v = cross_kv.split_with_sizes([d_head*n_heads, d_head*n_heads], dim=1)
             cross_k = cross_k.view(batch, n_memory, n_heads, d_head)

@@ -59,7 +59,7 @@ class SupportSum(Operator):
 @register_operator
 @dataclass(frozen=True)
 class MemoryMean(Operator):
-    """``u ↦ ∫ χ_m(x, x̂) m(x̂, y) dx̂ / ∫ χ_m(x, η̂) dη̂``: the mean of a fixed memory over the memory tokens a query sees
+    """``u ↦ ∫ χ_m(x, x̂) M(x̂, y) dx̂ / ∫ χ_m(x, η̂) dη̂``: the mean of a fixed memory over the memory tokens a query sees
     (the memory's support χ_m read as a factor)."""
 
     kind: ClassVar[str] = "memory-mean"

@@ -41,13 +41,15 @@ from splitformer.symbolic.inputs import Constant, Input
 __all__ = [
     "Operand", "Op", "Contraction", "Softmax", "Reduction", "Elementwise", "MatMul", "Attention", "AttentionAdjoint",
     "Unrolled", "PairTable", "Normalize", "NormalizeAdjoint", "Cache", "Branch", "Memoized", "Shared", "TokenWindow", "LocalKernel", "Gather", "Scatter",
-    "TensorInfo", "Module", "readers", "flat", "BATCH", "UNBATCHED_ROLES", "ExactGelu", "TanhGelu", "Silu", "SiluBackward",
+    "TensorInfo", "Module", "readers", "flat", "BATCH", "UNBATCHED_ROLES", "WINDOW_NOTE", "ExactGelu", "TanhGelu", "Silu", "SiluBackward",
     "ExactGeluBackward", "TanhGeluBackward", "Numbers", "Where", "CALLS", "Sigmoid",
     "ConvolutionWeightAdjoint", "ConvolutionInputAdjoint",
     "Window", "Interleave", "Point", "Rows", "Fold", "Place", "PlaceRows", "Join", "Convolution", "TransposedConvolution", "ZerosLike",
 ]
 
 BATCH = "b"
+#: What a window view's comment says after the formula of the field it reads.
+WINDOW_NOTE = " at every grid point and kernel offset (a view)"
 #: Roles of tensors without a batch axis: learned controls and their gradients.
 UNBATCHED_ROLES = ("param", "gradient")
 
@@ -609,6 +611,13 @@ class Window(_View):
     size: sp.Expr = sp.Integer(1)
     stride: sp.Expr = sp.Integer(1)
     padding: sp.Expr = sp.Integer(0)
+
+    def read_in(self, comment: str) -> str:
+        """``comment`` (the formula of an operation that absorbed this view, which is then never made) reading the
+        field at the window's points (``u[c, S*p + r - 1, …]``, what this view's own comment states) where it read
+        the view."""
+        field = self.comment.removesuffix(WINDOW_NOTE)
+        return comment.replace(f"{self.out}[{', '.join(self.labels[1:])}]", field) if field != self.comment else comment
 
 
 @dataclass(frozen=True)

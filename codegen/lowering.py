@@ -37,8 +37,8 @@ from splitformer.symbolic.latex import plain_equation, plain_formula
 from splitformer.symbolic.program import TIME_STEP, Assignment, Program
 
 from .bool_values import SUPPORTS, counted
-from .ir import (BATCH, UNBATCHED_ROLES, Cache, Contraction, Elementwise, Interleave, Join, Mask, Memoized, Module, Op,
-                 Operand, PairTable, Point, Reduction, Rows, Shared, Softmax, TensorInfo, Window)
+from .ir import (BATCH, UNBATCHED_ROLES, WINDOW_NOTE, Cache, Contraction, Elementwise, Interleave, Join, Mask, Memoized,
+                 Module, Op, Operand, PairTable, Point, Reduction, Rows, Shared, Softmax, TensorInfo, Window)
 from .nested_sums import nested_sums
 
 __all__ = ["lower", "Lowering", "INDEX_DOMAINS", "shifted_axes", "flattened_index", "flattened_sums"]
@@ -456,7 +456,7 @@ class Lowering:
         name = next(candidate for n in range(1, len(taken) + 2)
                     if (candidate := name if n == 1 else f"{name}{n}") not in taken)
         labels = (BATCH,) + tuple(str(index) for index in kept + offsets)
-        comment = f"{plain_formula(read, self.program.latex_names())} at every grid point and kernel offset (a view)"
+        comment = f"{plain_formula(read, self.program.latex_names())}{WINDOW_NOTE}"
         self.ops.append(Window(name, labels, source=str(read.base.label), axes=tuple(axes), size=size,
                                stride=stride, padding=padding).with_comment(comment, section))
         return sp.IndexedBase(name)[tuple(kept + offsets)]

@@ -34,6 +34,24 @@ def test_every_forward_convolution_of_the_grid_networks_is_recognized():
         assert any(isinstance(op, Convolution) and not op.depthwise for op in ops), name
 
 
+def test_a_fused_convolution_states_its_formula_on_the_field_it_reads():
+    """The window view a convolution absorbs is never made, so its formula reads the field at the window's points
+    (``u[c, S*p + r - 1, …]``), not the view's name; the lowering's own (unfused) window keeps the name and says what
+    it views."""
+    stage = derive_grid_network(load_network("resnet-block")).stages()[0]
+    fused = {op.out: op.comment for op in _ops([stage]) if isinstance(op, Convolution)}
+    assert fused["conv1_out"].endswith("Σ_{c,r,s}(W_conv1[c, r, s, l]*u[c, S*p + r - 1, S*q + s - 1])"), fused
+    assert not any("_windows" in comment for comment in fused.values())
+    unfused = lower(stage_program(stage), (), network=True).ops  # control: no convolution pass
+    window = next(op for op in unfused if isinstance(op, Window) and op.out == "conv1_out_windows")
+    assert window.comment == "u[c, S*p + r - 1, S*q + s - 1] at every grid point and kernel offset (a view)"
+    assert any("conv1_out_windows[c, p, q, r, s]" in op.comment for op in unfused)
+    for path in (GENERATED / "numpy").glob("*.py"):
+        text = path.read_text(encoding="utf-8")
+        read = set(re.findall(r"#.*?\b(\w+_windows\d*)\[", text))
+        assert all(re.search(rf"\b{name} = ", text) for name in read), (path.name, read)
+
+
 def test_cvt_projections_are_depthwise_and_its_embeddings_full():
     program = derive_cvt()
     projections = [op for op in _ops([program.stage(f"{letter}{part}") for letter in "qkv" for part in ("conv", "bn")])

@@ -94,8 +94,8 @@ def convolution_adjoint(module: Module) -> Module:
             candidate = windows.get(window.name)
             if (candidate is not None and window.labels == candidate.labels and readers[window.name] == [op]
                     and _gradient_labels(window.labels, costate.labels) == op.labels):
-                fused[id(op)] = ConvolutionWeightAdjoint(op.out, op.labels, op.comment, op.section, window=candidate,
-                                                         product=op)
+                fused[id(op)] = ConvolutionWeightAdjoint(op.out, op.labels, candidate.read_in(op.comment), op.section,
+                                                         window=candidate, product=op)
                 gone.add(id(candidate))
                 break
     return replace(module, ops=[fused.get(id(op), op) for op in module.ops if id(op) not in gone])

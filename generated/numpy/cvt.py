@@ -1128,7 +1128,7 @@ def _embedding(u0, p, config, eps):
     embed_norm_bias = p["embed_norm.bias"]
 
     # --- embed: convolution ---
-    # K^embed[l, p, q] = b_embed[l] + Σ_{c,r,s}(W_embed[c, r, s, l]*embed_out_windows[c, p, q, r, s])
+    # K^embed[l, p, q] = b_embed[l] + Σ_{c,r,s}(W_embed[c, r, s, l]*u[c, -patch_padding + patch_stride*p + r, -patch_padding + patch_stride*q + s])
     embed_out = _conv2d(u0, embed_W, patch_stride, patch_padding, embed_b)
 
     # --- the grid as tokens ---
@@ -1162,7 +1162,7 @@ def _embedding_cls(u0, p, config, eps):
     cls = p["cls"]
 
     # --- embed: convolution ---
-    # K^embed[l, p, q] = b_embed[l] + Σ_{c,r,s}(W_embed[c, r, s, l]*embed_out_windows[c, p, q, r, s])
+    # K^embed[l, p, q] = b_embed[l] + Σ_{c,r,s}(W_embed[c, r, s, l]*u[c, -patch_padding + patch_stride*p + r, -patch_padding + patch_stride*q + s])
     embed_out = _conv2d(u0, embed_W, patch_stride, patch_padding, embed_b)
 
     # --- the grid as tokens ---
@@ -1268,7 +1268,7 @@ def _step(u0, p, config, eps):
     # qconv_W_folded[r, s, l] = qbn_a[l]*qconv_W[r, s, l]
     qconv_W_folded = qbn_a*qconv_W
     del qbn_a
-    # K_dw^qconv[l, p, q] = Σ_{r,s}(W_qconv[r, s, l]*qconv_out_windows[l, p, q, r, s])
+    # K_dw^qconv[l, p, q] = Σ_{r,s}(W_qconv[r, s, l]*g[l, -padding_q + stride_q*p + r, -padding_q + stride_q*q + s])
     # qconv_out[l, p, q] ← qbn_a[l]*qconv_out[l, p, q] + qbn_c[l] (folded into the kernel and bias)
     qconv_out = _depthwise_conv2d(grid, qconv_W_folded, stride_q, padding_q, qbn_c)
     del qbn_c, qconv_W_folded
@@ -1283,7 +1283,7 @@ def _step(u0, p, config, eps):
     # kconv_W_folded[r, s, l] = kbn_a[l]*kconv_W[r, s, l]
     kconv_W_folded = kbn_a*kconv_W
     del kbn_a
-    # K_dw^kconv[l, f, h] = Σ_{r,s}(W_kconv[r, s, l]*kconv_out_windows[l, f, h, r, s])
+    # K_dw^kconv[l, f, h] = Σ_{r,s}(W_kconv[r, s, l]*g[l, -padding_kv + stride_kv*f + r, -padding_kv + stride_kv*h + s])
     # kconv_out[l, f, h] ← kbn_a[l]*kconv_out[l, f, h] + kbn_c[l] (folded into the kernel and bias)
     kconv_out = _depthwise_conv2d(grid, kconv_W_folded, stride_kv, padding_kv, kbn_c)
     del kbn_c, kconv_W_folded
@@ -1298,7 +1298,7 @@ def _step(u0, p, config, eps):
     # vconv_W_folded[r, s, l] = vbn_a[l]*vconv_W[r, s, l]
     vconv_W_folded = vbn_a*vconv_W
     del vbn_a
-    # K_dw^vconv[l, f, h] = Σ_{r,s}(W_vconv[r, s, l]*vconv_out_windows[l, f, h, r, s])
+    # K_dw^vconv[l, f, h] = Σ_{r,s}(W_vconv[r, s, l]*g[l, -padding_kv + stride_kv*f + r, -padding_kv + stride_kv*h + s])
     # vconv_out[l, f, h] ← vbn_a[l]*vconv_out[l, f, h] + vbn_c[l] (folded into the kernel and bias)
     vconv_out = _depthwise_conv2d(grid, vconv_W_folded, stride_kv, padding_kv, vbn_c)
     del grid, vbn_c, vconv_W_folded
@@ -1458,7 +1458,7 @@ def _step_cls(u0, p, config, eps):
     # qconv_W_folded[r, s, l] = qbn_a[l]*qconv_W[r, s, l]
     qconv_W_folded = qbn_a*qconv_W
     del qbn_a
-    # K_dw^qconv[l, p, q] = Σ_{r,s}(W_qconv[r, s, l]*qconv_out_windows[l, p, q, r, s])
+    # K_dw^qconv[l, p, q] = Σ_{r,s}(W_qconv[r, s, l]*g[l, -padding_q + stride_q*p + r, -padding_q + stride_q*q + s])
     # qconv_out[l, p, q] ← qbn_a[l]*qconv_out[l, p, q] + qbn_c[l] (folded into the kernel and bias)
     qconv_out = _depthwise_conv2d(grid, qconv_W_folded, stride_q, padding_q, qbn_c)
     del qbn_c, qconv_W_folded
@@ -1473,7 +1473,7 @@ def _step_cls(u0, p, config, eps):
     # kconv_W_folded[r, s, l] = kbn_a[l]*kconv_W[r, s, l]
     kconv_W_folded = kbn_a*kconv_W
     del kbn_a
-    # K_dw^kconv[l, f, h] = Σ_{r,s}(W_kconv[r, s, l]*kconv_out_windows[l, f, h, r, s])
+    # K_dw^kconv[l, f, h] = Σ_{r,s}(W_kconv[r, s, l]*g[l, -padding_kv + stride_kv*f + r, -padding_kv + stride_kv*h + s])
     # kconv_out[l, f, h] ← kbn_a[l]*kconv_out[l, f, h] + kbn_c[l] (folded into the kernel and bias)
     kconv_out = _depthwise_conv2d(grid, kconv_W_folded, stride_kv, padding_kv, kbn_c)
     del kbn_c, kconv_W_folded
@@ -1488,7 +1488,7 @@ def _step_cls(u0, p, config, eps):
     # vconv_W_folded[r, s, l] = vbn_a[l]*vconv_W[r, s, l]
     vconv_W_folded = vbn_a*vconv_W
     del vbn_a
-    # K_dw^vconv[l, f, h] = Σ_{r,s}(W_vconv[r, s, l]*vconv_out_windows[l, f, h, r, s])
+    # K_dw^vconv[l, f, h] = Σ_{r,s}(W_vconv[r, s, l]*g[l, -padding_kv + stride_kv*f + r, -padding_kv + stride_kv*h + s])
     # vconv_out[l, f, h] ← vbn_a[l]*vconv_out[l, f, h] + vbn_c[l] (folded into the kernel and bias)
     vconv_out = _depthwise_conv2d(grid, vconv_W_folded, stride_kv, padding_kv, vbn_c)
     del grid, vbn_c, vconv_W_folded
@@ -1676,7 +1676,7 @@ def _embedding_vjp(u0, embed_norm_out_bar, p, config, eps):
     embed_norm_gain = p["embed_norm.gain"]
 
     # --- embed: convolution ---
-    # K^embed[l, p, q] = b_embed[l] + Σ_{c,r,s}(W_embed[c, r, s, l]*embed_out_windows[c, p, q, r, s])
+    # K^embed[l, p, q] = b_embed[l] + Σ_{c,r,s}(W_embed[c, r, s, l]*u[c, -patch_padding + patch_stride*p + r, -patch_padding + patch_stride*q + s])
     embed_out = _conv2d(u0, embed_W, patch_stride, patch_padding, embed_b)
 
     # --- the grid as tokens ---
@@ -1720,7 +1720,7 @@ def _embedding_vjp(u0, embed_norm_out_bar, p, config, eps):
     tokens_bar_view4 = _rows(tokens_bar, 1, 0, (n_rows, n_cols))
     # K̅^embed[l, p, q] = tokens_bar_view4[p, q, l]
     embed_out_bar = np.transpose(tokens_bar_view4, (0, 3, 1, 2))
-    # W̅_embed[c, r, s, l] = Σ_{p,q}(embed_W_bar_windows[c, p, q, r, s]*K̅^embed[l, p, q])
+    # W̅_embed[c, r, s, l] = Σ_{p,q}(u[c, -patch_padding + patch_stride*p + r, -patch_padding + patch_stride*q + s]*K̅^embed[l, p, q])
     embed_W_bar = _einsum("blpq,bcpqrs->crsl", embed_out_bar, _windows(u0, (2, 3), patch_size, patch_stride, patch_padding))
     # b̅_embed[l] = Σ_{p,q}(K̅^embed[l, p, q])
     embed_b_bar = _einsum("blpq->l", embed_out_bar)
@@ -1748,7 +1748,7 @@ def _embedding_cls_vjp(u0, x0_bar, p, config, eps):
     embed_norm_bias = p["embed_norm.bias"]
 
     # --- embed: convolution ---
-    # K^embed[l, p, q] = b_embed[l] + Σ_{c,r,s}(W_embed[c, r, s, l]*embed_out_windows[c, p, q, r, s])
+    # K^embed[l, p, q] = b_embed[l] + Σ_{c,r,s}(W_embed[c, r, s, l]*u[c, -patch_padding + patch_stride*p + r, -patch_padding + patch_stride*q + s])
     embed_out = _conv2d(u0, embed_W, patch_stride, patch_padding, embed_b)
 
     # --- the grid as tokens ---
@@ -1806,7 +1806,7 @@ def _embedding_cls_vjp(u0, x0_bar, p, config, eps):
     tokens_bar_view6 = _rows(tokens_bar, 1, 0, (n_rows, n_cols))
     # K̅^embed[l, p, q] = tokens_bar_view6[p, q, l]
     embed_out_bar = np.transpose(tokens_bar_view6, (0, 3, 1, 2))
-    # W̅_embed[c, r, s, l] = Σ_{p,q}(embed_W_bar_windows[c, p, q, r, s]*K̅^embed[l, p, q])
+    # W̅_embed[c, r, s, l] = Σ_{p,q}(u[c, -patch_padding + patch_stride*p + r, -patch_padding + patch_stride*q + s]*K̅^embed[l, p, q])
     embed_W_bar = _einsum("blpq,bcpqrs->crsl", embed_out_bar, _windows(u0, (2, 3), patch_size, patch_stride, patch_padding))
     # b̅_embed[l] = Σ_{p,q}(K̅^embed[l, p, q])
     embed_b_bar = _einsum("blpq->l", embed_out_bar)
@@ -1883,7 +1883,7 @@ def _step_vjp(u0, u2_bar, p, config, eps):
     grid = np.transpose(norm1_out_view1, (0, 3, 1, 2))
 
     # --- qconv: depthwise-convolution ---
-    # K_dw^qconv[l, p, q] = Σ_{r,s}(W_qconv[r, s, l]*qconv_out_windows[l, p, q, r, s])
+    # K_dw^qconv[l, p, q] = Σ_{r,s}(W_qconv[r, s, l]*g[l, -padding_q + stride_q*p + r, -padding_q + stride_q*q + s])
     qconv_out = _depthwise_conv2d(grid, qconv_W, stride_q, padding_q)
 
     # --- qbn: batch-norm ---
@@ -1895,7 +1895,7 @@ def _step_vjp(u0, u2_bar, p, config, eps):
     qbn_out = qbn_a[None, :, None, None]*qconv_out + qbn_c[None, :, None, None]
 
     # --- kconv: depthwise-convolution ---
-    # K_dw^kconv[l, f, h] = Σ_{r,s}(W_kconv[r, s, l]*kconv_out_windows[l, f, h, r, s])
+    # K_dw^kconv[l, f, h] = Σ_{r,s}(W_kconv[r, s, l]*g[l, -padding_kv + stride_kv*f + r, -padding_kv + stride_kv*h + s])
     kconv_out = _depthwise_conv2d(grid, kconv_W, stride_kv, padding_kv)
 
     # --- kbn: batch-norm ---
@@ -1907,7 +1907,7 @@ def _step_vjp(u0, u2_bar, p, config, eps):
     kbn_out = kbn_a[None, :, None, None]*kconv_out + kbn_c[None, :, None, None]
 
     # --- vconv: depthwise-convolution ---
-    # K_dw^vconv[l, f, h] = Σ_{r,s}(W_vconv[r, s, l]*vconv_out_windows[l, f, h, r, s])
+    # K_dw^vconv[l, f, h] = Σ_{r,s}(W_vconv[r, s, l]*g[l, -padding_kv + stride_kv*f + r, -padding_kv + stride_kv*h + s])
     vconv_out = _depthwise_conv2d(grid, vconv_W, stride_kv, padding_kv)
 
     # --- vbn: batch-norm ---
@@ -2080,7 +2080,7 @@ def _step_vjp(u0, u2_bar, p, config, eps):
     # --- adjoint of vconv: depthwise-convolution ---
     # K̅_dw^vconv[l, f, h] = a^vbn[l]*B̅^vbn[l, f, h]
     vconv_out_bar = vbn_a[None, :, None, None]*vbn_out_bar
-    # W̅_vconv[r, s, l] = Σ_{f,h}(vconv_W_bar_windows[l, f, h, r, s]*K̅_dw^vconv[l, f, h])
+    # W̅_vconv[r, s, l] = Σ_{f,h}(g[l, -padding_kv + stride_kv*f + r, -padding_kv + stride_kv*h + s]*K̅_dw^vconv[l, f, h])
     vconv_W_bar = _einsum("blfh,blfhrs->rsl", vconv_out_bar, _windows(grid, (2, 3), kernel_qkv, stride_kv, padding_kv))
 
     # --- adjoint of kbn: batch-norm ---
@@ -2113,7 +2113,7 @@ def _step_vjp(u0, u2_bar, p, config, eps):
     # --- adjoint of kconv: depthwise-convolution ---
     # K̅_dw^kconv[l, f, h] = a^kbn[l]*B̅^kbn[l, f, h]
     kconv_out_bar = kbn_a[None, :, None, None]*kbn_out_bar
-    # W̅_kconv[r, s, l] = Σ_{f,h}(kconv_W_bar_windows[l, f, h, r, s]*K̅_dw^kconv[l, f, h])
+    # W̅_kconv[r, s, l] = Σ_{f,h}(g[l, -padding_kv + stride_kv*f + r, -padding_kv + stride_kv*h + s]*K̅_dw^kconv[l, f, h])
     kconv_W_bar = _einsum("blfh,blfhrs->rsl", kconv_out_bar, _windows(grid, (2, 3), kernel_qkv, stride_kv, padding_kv))
 
     # --- adjoint of qbn: batch-norm ---
@@ -2146,7 +2146,7 @@ def _step_vjp(u0, u2_bar, p, config, eps):
     # --- adjoint of qconv: depthwise-convolution ---
     # K̅_dw^qconv[l, p, q] = a^qbn[l]*B̅^qbn[l, p, q]
     qconv_out_bar = qbn_a[None, :, None, None]*qbn_out_bar
-    # W̅_qconv[r, s, l] = Σ_{p,q}(qconv_W_bar_windows[l, p, q, r, s]*K̅_dw^qconv[l, p, q])
+    # W̅_qconv[r, s, l] = Σ_{p,q}(g[l, -padding_q + stride_q*p + r, -padding_q + stride_q*q + s]*K̅_dw^qconv[l, p, q])
     qconv_W_bar = _einsum("blpq,blpqrs->rsl", qconv_out_bar, _windows(grid, (2, 3), kernel_qkv, stride_q, padding_q))
 
     # --- adjoint of the grid field of the tokens ---
@@ -2277,7 +2277,7 @@ def _step_cls_vjp(u0, u2_bar, p, config, eps):
     grid = np.transpose(norm1_out_view1, (0, 3, 1, 2))
 
     # --- qconv: depthwise-convolution ---
-    # K_dw^qconv[l, p, q] = Σ_{r,s}(W_qconv[r, s, l]*qconv_out_windows[l, p, q, r, s])
+    # K_dw^qconv[l, p, q] = Σ_{r,s}(W_qconv[r, s, l]*g[l, -padding_q + stride_q*p + r, -padding_q + stride_q*q + s])
     qconv_out = _depthwise_conv2d(grid, qconv_W, stride_q, padding_q)
 
     # --- qbn: batch-norm ---
@@ -2289,7 +2289,7 @@ def _step_cls_vjp(u0, u2_bar, p, config, eps):
     qbn_out = qbn_a[None, :, None, None]*qconv_out + qbn_c[None, :, None, None]
 
     # --- kconv: depthwise-convolution ---
-    # K_dw^kconv[l, f, h] = Σ_{r,s}(W_kconv[r, s, l]*kconv_out_windows[l, f, h, r, s])
+    # K_dw^kconv[l, f, h] = Σ_{r,s}(W_kconv[r, s, l]*g[l, -padding_kv + stride_kv*f + r, -padding_kv + stride_kv*h + s])
     kconv_out = _depthwise_conv2d(grid, kconv_W, stride_kv, padding_kv)
 
     # --- kbn: batch-norm ---
@@ -2301,7 +2301,7 @@ def _step_cls_vjp(u0, u2_bar, p, config, eps):
     kbn_out = kbn_a[None, :, None, None]*kconv_out + kbn_c[None, :, None, None]
 
     # --- vconv: depthwise-convolution ---
-    # K_dw^vconv[l, f, h] = Σ_{r,s}(W_vconv[r, s, l]*vconv_out_windows[l, f, h, r, s])
+    # K_dw^vconv[l, f, h] = Σ_{r,s}(W_vconv[r, s, l]*g[l, -padding_kv + stride_kv*f + r, -padding_kv + stride_kv*h + s])
     vconv_out = _depthwise_conv2d(grid, vconv_W, stride_kv, padding_kv)
 
     # --- vbn: batch-norm ---
@@ -2486,7 +2486,7 @@ def _step_cls_vjp(u0, u2_bar, p, config, eps):
     # --- adjoint of vconv: depthwise-convolution ---
     # K̅_dw^vconv[l, f, h] = a^vbn[l]*B̅^vbn[l, f, h]
     vconv_out_bar = vbn_a[None, :, None, None]*vbn_out_bar
-    # W̅_vconv[r, s, l] = Σ_{f,h}(vconv_W_bar_windows[l, f, h, r, s]*K̅_dw^vconv[l, f, h])
+    # W̅_vconv[r, s, l] = Σ_{f,h}(g[l, -padding_kv + stride_kv*f + r, -padding_kv + stride_kv*h + s]*K̅_dw^vconv[l, f, h])
     vconv_W_bar = _einsum("blfh,blfhrs->rsl", vconv_out_bar, _windows(grid, (2, 3), kernel_qkv, stride_kv, padding_kv))
 
     # --- adjoint of kbn: batch-norm ---
@@ -2519,7 +2519,7 @@ def _step_cls_vjp(u0, u2_bar, p, config, eps):
     # --- adjoint of kconv: depthwise-convolution ---
     # K̅_dw^kconv[l, f, h] = a^kbn[l]*B̅^kbn[l, f, h]
     kconv_out_bar = kbn_a[None, :, None, None]*kbn_out_bar
-    # W̅_kconv[r, s, l] = Σ_{f,h}(kconv_W_bar_windows[l, f, h, r, s]*K̅_dw^kconv[l, f, h])
+    # W̅_kconv[r, s, l] = Σ_{f,h}(g[l, -padding_kv + stride_kv*f + r, -padding_kv + stride_kv*h + s]*K̅_dw^kconv[l, f, h])
     kconv_W_bar = _einsum("blfh,blfhrs->rsl", kconv_out_bar, _windows(grid, (2, 3), kernel_qkv, stride_kv, padding_kv))
 
     # --- adjoint of qbn: batch-norm ---
@@ -2552,7 +2552,7 @@ def _step_cls_vjp(u0, u2_bar, p, config, eps):
     # --- adjoint of qconv: depthwise-convolution ---
     # K̅_dw^qconv[l, p, q] = a^qbn[l]*B̅^qbn[l, p, q]
     qconv_out_bar = qbn_a[None, :, None, None]*qbn_out_bar
-    # W̅_qconv[r, s, l] = Σ_{p,q}(qconv_W_bar_windows[l, p, q, r, s]*K̅_dw^qconv[l, p, q])
+    # W̅_qconv[r, s, l] = Σ_{p,q}(g[l, -padding_q + stride_q*p + r, -padding_q + stride_q*q + s]*K̅_dw^qconv[l, p, q])
     qconv_W_bar = _einsum("blpq,blpqrs->rsl", qconv_out_bar, _windows(grid, (2, 3), kernel_qkv, stride_q, padding_q))
 
     # --- adjoint of the grid field of the tokens ---

@@ -522,7 +522,7 @@ def _step_with(u0, p, config, eps):
     # conv1_b_folded[l] = bn1_a[l]*conv1_b[l] + bn1_c[l]
     conv1_b_folded = bn1_a*conv1_b + bn1_c
     del bn1_a, bn1_c
-    # K^conv1[l, p, q] = b_conv1[l] + Σ_{c,r,s}(W_conv1[c, r, s, l]*conv1_out_windows[c, p, q, r, s])
+    # K^conv1[l, p, q] = b_conv1[l] + Σ_{c,r,s}(W_conv1[c, r, s, l]*u[c, S*p + r - 1, S*q + s - 1])
     # conv1_out[l, p, q] ← bn1_a[l]*conv1_out[l, p, q] + bn1_c[l] (folded into the kernel and bias)
     conv1_out = _conv2d(u0, conv1_W_folded, stride, 1, conv1_b_folded, slot="conv1_out")
     del conv1_W_folded, conv1_b_folded
@@ -549,7 +549,7 @@ def _step_with(u0, p, config, eps):
     # conv2_b_folded[l] = bn2_a[l]*conv2_b[l] + bn2_c[l] + bn3_c[l]
     conv2_b_folded = bn2_a*conv2_b + bn2_c + bn3_c
     del bn2_a, bn2_c, bn3_c
-    # K^conv2[l, p, q] = b_conv2[l] + Σ_{k,r,s}(W_conv2[k, r, s, l]*conv2_out_windows[k, p, q, r, s])
+    # K^conv2[l, p, q] = b_conv2[l] + Σ_{k,r,s}(W_conv2[k, r, s, l]*Proj_S_2^relu[k, p + r - 1, q + s - 1])
     # conv2_out[l, p, q] ← bn2_a[l]*conv2_out[l, p, q] + bn2_c[l] + bn3_c[l] (folded into the kernel and bias)
     conv2_out = _conv2d(relu_out, conv2_W_folded, 1, 1, conv2_b_folded)
     del conv2_W_folded, conv2_b_folded, relu_out
@@ -564,7 +564,7 @@ def _step_with(u0, p, config, eps):
     # shortcut_b_folded[l] = bn3_a[l]*shortcut_b[l]
     shortcut_b_folded = bn3_a*shortcut_b
     del bn3_a
-    # K^shortcut[l, p, q] = b_shortcut[l] + Σ_{c,r,s}(W_shortcut[c, r, s, l]*shortcut_out_windows[c, p, q, r, s])
+    # K^shortcut[l, p, q] = b_shortcut[l] + Σ_{c,r,s}(W_shortcut[c, r, s, l]*u[c, S*p + r, S*q + s])
     # shortcut_out[l, p, q] ← bn3_a[l]*shortcut_out[l, p, q] (folded into the kernel and bias)
     shortcut_out = _conv2d(u0, shortcut_W_folded, stride, 0, shortcut_b_folded, slot="shortcut_out")
     del shortcut_W_folded, shortcut_b_folded
@@ -609,7 +609,7 @@ def _step_identity(u0, p, config, eps):
     # conv1_b_folded[l] = bn1_a[l]*conv1_b[l] + bn1_c[l]
     conv1_b_folded = bn1_a*conv1_b + bn1_c
     del bn1_a, bn1_c
-    # K^conv1[l, p, q] = b_conv1[l] + Σ_{c,r,s}(W_conv1[c, r, s, l]*conv1_out_windows[c, p, q, r, s])
+    # K^conv1[l, p, q] = b_conv1[l] + Σ_{c,r,s}(W_conv1[c, r, s, l]*u[c, S*p + r - 1, S*q + s - 1])
     # conv1_out[l, p, q] ← bn1_a[l]*conv1_out[l, p, q] + bn1_c[l] (folded into the kernel and bias)
     conv1_out = _conv2d(u0, conv1_W_folded, stride, 1, conv1_b_folded, slot="conv1_out")
     del conv1_W_folded, conv1_b_folded
@@ -632,7 +632,7 @@ def _step_identity(u0, p, config, eps):
     # conv2_b_folded[l] = bn2_a[l]*conv2_b[l] + bn2_c[l]
     conv2_b_folded = bn2_a*conv2_b + bn2_c
     del bn2_a, bn2_c
-    # K^conv2[l, p, q] = b_conv2[l] + Σ_{k,r,s}(W_conv2[k, r, s, l]*conv2_out_windows[k, p, q, r, s])
+    # K^conv2[l, p, q] = b_conv2[l] + Σ_{k,r,s}(W_conv2[k, r, s, l]*Proj_S_2^relu[k, p + r - 1, q + s - 1])
     # conv2_out[l, p, q] ← bn2_a[l]*conv2_out[l, p, q] + bn2_c[l] (folded into the kernel and bias)
     conv2_out = _conv2d(relu_out, conv2_W_folded, 1, 1, conv2_b_folded)
     del conv2_W_folded, conv2_b_folded, relu_out
@@ -684,7 +684,7 @@ def _step_with_vjp(u0, relu2_out_bar, p, config, eps):
     bn3_var = p["bn3.var"]
 
     # --- conv1: convolution ---
-    # K^conv1[l, p, q] = b_conv1[l] + Σ_{c,r,s}(W_conv1[c, r, s, l]*conv1_out_windows[c, p, q, r, s])
+    # K^conv1[l, p, q] = b_conv1[l] + Σ_{c,r,s}(W_conv1[c, r, s, l]*u[c, S*p + r - 1, S*q + s - 1])
     conv1_out = _conv2d(u0, conv1_W, stride, 1, conv1_b)
 
     # --- bn1: batch-norm ---
@@ -700,7 +700,7 @@ def _step_with_vjp(u0, relu2_out_bar, p, config, eps):
     relu_out = np.maximum(bn1_out, 0)
 
     # --- conv2: convolution ---
-    # K^conv2[l, p, q] = b_conv2[l] + Σ_{k,r,s}(W_conv2[k, r, s, l]*conv2_out_windows[k, p, q, r, s])
+    # K^conv2[l, p, q] = b_conv2[l] + Σ_{k,r,s}(W_conv2[k, r, s, l]*Proj_S_2^relu[k, p + r - 1, q + s - 1])
     conv2_out = _conv2d(relu_out, conv2_W, 1, 1, conv2_b)
 
     # --- bn2: batch-norm ---
@@ -712,7 +712,7 @@ def _step_with_vjp(u0, relu2_out_bar, p, config, eps):
     bn2_out = bn2_a[None, :, None, None]*conv2_out + bn2_c[None, :, None, None]
 
     # --- shortcut: convolution ---
-    # K^shortcut[l, p, q] = b_shortcut[l] + Σ_{c,r,s}(W_shortcut[c, r, s, l]*shortcut_out_windows[c, p, q, r, s])
+    # K^shortcut[l, p, q] = b_shortcut[l] + Σ_{c,r,s}(W_shortcut[c, r, s, l]*u[c, S*p + r, S*q + s])
     shortcut_out = _conv2d(u0, shortcut_W, stride, 0, shortcut_b)
 
     # --- bn3: batch-norm ---
@@ -765,7 +765,7 @@ def _step_with_vjp(u0, relu2_out_bar, p, config, eps):
     # --- adjoint of shortcut: convolution ---
     # K̅^shortcut[l, p, q] = a^bn3[l]*λ^{+}[l, p, q]
     shortcut_out_bar = bn3_a[None, :, None, None]*u1_bar
-    # W̅_shortcut[c, r, s, l] = Σ_{p,q}(shortcut_W_bar_windows[c, p, q, r, s]*K̅^shortcut[l, p, q])
+    # W̅_shortcut[c, r, s, l] = Σ_{p,q}(u[c, S*p + r, S*q + s]*K̅^shortcut[l, p, q])
     shortcut_W_bar = _einsum("blpq,bcpqrs->crsl", shortcut_out_bar, _windows(u0, (2, 3), 1, stride, 0))
     # b̅_shortcut[l] = Σ_{p,q}(K̅^shortcut[l, p, q])
     shortcut_b_bar = _einsum("blpq->l", shortcut_out_bar)
@@ -798,7 +798,7 @@ def _step_with_vjp(u0, relu2_out_bar, p, config, eps):
     # --- adjoint of conv2: convolution ---
     # K̅^conv2[l, p, q] = a^bn2[l]*B̅^bn2[l, p, q]
     conv2_out_bar = bn2_a[None, :, None, None]*bn2_out_bar
-    # W̅_conv2[k, r, s, l] = Σ_{p,q}(conv2_W_bar_windows[k, p, q, r, s]*K̅^conv2[l, p, q])
+    # W̅_conv2[k, r, s, l] = Σ_{p,q}(Proj_S_2^relu[k, p + r - 1, q + s - 1]*K̅^conv2[l, p, q])
     conv2_W_bar = _einsum("blpq,bkpqrs->krsl", conv2_out_bar, _windows(relu_out, (2, 3), 3, 1, 1))
     # b̅_conv2[l] = Σ_{p,q}(K̅^conv2[l, p, q])
     conv2_b_bar = _einsum("blpq->l", conv2_out_bar)
@@ -835,7 +835,7 @@ def _step_with_vjp(u0, relu2_out_bar, p, config, eps):
     # --- adjoint of conv1: convolution ---
     # K̅^conv1[l, p, q] = a^bn1[l]*B̅^bn1[l, p, q]
     conv1_out_bar = bn1_a[None, :, None, None]*bn1_out_bar
-    # W̅_conv1[c, r, s, l] = Σ_{p,q}(conv1_W_bar_windows[c, p, q, r, s]*K̅^conv1[l, p, q])
+    # W̅_conv1[c, r, s, l] = Σ_{p,q}(u[c, S*p + r - 1, S*q + s - 1]*K̅^conv1[l, p, q])
     conv1_W_bar = _einsum("blpq,bcpqrs->crsl", conv1_out_bar, _windows(u0, (2, 3), 3, stride, 1))
     # b̅_conv1[l] = Σ_{p,q}(K̅^conv1[l, p, q])
     conv1_b_bar = _einsum("blpq->l", conv1_out_bar)
@@ -884,7 +884,7 @@ def _step_identity_vjp(u0, relu2_out_bar, p, config, eps):
     bn2_var = p["bn2.var"]
 
     # --- conv1: convolution ---
-    # K^conv1[l, p, q] = b_conv1[l] + Σ_{c,r,s}(W_conv1[c, r, s, l]*conv1_out_windows[c, p, q, r, s])
+    # K^conv1[l, p, q] = b_conv1[l] + Σ_{c,r,s}(W_conv1[c, r, s, l]*u[c, S*p + r - 1, S*q + s - 1])
     conv1_out = _conv2d(u0, conv1_W, stride, 1, conv1_b)
 
     # --- bn1: batch-norm ---
@@ -900,7 +900,7 @@ def _step_identity_vjp(u0, relu2_out_bar, p, config, eps):
     relu_out = np.maximum(bn1_out, 0)
 
     # --- conv2: convolution ---
-    # K^conv2[l, p, q] = b_conv2[l] + Σ_{k,r,s}(W_conv2[k, r, s, l]*conv2_out_windows[k, p, q, r, s])
+    # K^conv2[l, p, q] = b_conv2[l] + Σ_{k,r,s}(W_conv2[k, r, s, l]*Proj_S_2^relu[k, p + r - 1, q + s - 1])
     conv2_out = _conv2d(relu_out, conv2_W, 1, 1, conv2_b)
 
     # --- bn2: batch-norm ---
@@ -955,7 +955,7 @@ def _step_identity_vjp(u0, relu2_out_bar, p, config, eps):
     # --- adjoint of conv2: convolution ---
     # K̅^conv2[l, p, q] = a^bn2[l]*B̅^bn2[l, p, q]
     conv2_out_bar = bn2_a[None, :, None, None]*bn2_out_bar
-    # W̅_conv2[k, r, s, l] = Σ_{p,q}(conv2_W_bar_windows[k, p, q, r, s]*K̅^conv2[l, p, q])
+    # W̅_conv2[k, r, s, l] = Σ_{p,q}(Proj_S_2^relu[k, p + r - 1, q + s - 1]*K̅^conv2[l, p, q])
     conv2_W_bar = _einsum("blpq,bkpqrs->krsl", conv2_out_bar, _windows(relu_out, (2, 3), 3, 1, 1))
     # b̅_conv2[l] = Σ_{p,q}(K̅^conv2[l, p, q])
     conv2_b_bar = _einsum("blpq->l", conv2_out_bar)
@@ -992,7 +992,7 @@ def _step_identity_vjp(u0, relu2_out_bar, p, config, eps):
     # --- adjoint of conv1: convolution ---
     # K̅^conv1[l, p, q] = a^bn1[l]*B̅^bn1[l, p, q]
     conv1_out_bar = bn1_a[None, :, None, None]*bn1_out_bar
-    # W̅_conv1[c, r, s, l] = Σ_{p,q}(conv1_W_bar_windows[c, p, q, r, s]*K̅^conv1[l, p, q])
+    # W̅_conv1[c, r, s, l] = Σ_{p,q}(u[c, S*p + r - 1, S*q + s - 1]*K̅^conv1[l, p, q])
     conv1_W_bar = _einsum("blpq,bcpqrs->crsl", conv1_out_bar, _windows(u0, (2, 3), 3, stride, 1))
     # b̅_conv1[l] = Σ_{p,q}(K̅^conv1[l, p, q])
     conv1_b_bar = _einsum("blpq->l", conv1_out_bar)

@@ -496,7 +496,7 @@ def _step_identity(u0, p, config, eps):
     up_b = p["up.b"]
 
     # --- down: convolution ---
-    # K^down[l, p, q] = b_down[l] + Σ_{c,r,s}(W_down[c, r, s, l]*down_out_windows[c, p, q, r, s])
+    # K^down[l, p, q] = b_down[l] + Σ_{c,r,s}(W_down[c, r, s, l]*u[c, 2*p + r - 1, 2*q + s - 1])
     down_out = _conv2d(u0, down_W, 2, 1, down_b, slot="down_out")
 
     # --- bn: batch-norm ---
@@ -511,7 +511,7 @@ def _step_identity(u0, p, config, eps):
     # conv_b_folded[l] = bn_a[l]*conv_b[l] + bn_c[l]
     conv_b_folded = bn_a*conv_b + bn_c
     del bn_a, bn_c
-    # K^conv[l, p, q] = b_conv[l] + Σ_{k,r,s}(W_conv[k, r, s, l]*conv_out_windows[k, p, q, r, s])
+    # K^conv[l, p, q] = b_conv[l] + Σ_{k,r,s}(W_conv[k, r, s, l]*K^down[k, p + r - 1, q + s - 1])
     # conv_out[l, p, q] ← bn_a[l]*conv_out[l, p, q] + bn_c[l] (folded into the kernel and bias)
     conv_out = _conv2d(down_out, conv_W_folded, 1, 1, conv_b_folded, slot="conv_out")
     del conv_W_folded, conv_b_folded, down_out
@@ -562,11 +562,11 @@ def _step_identity_vjp(u0, u1_bar, p, config, eps):
     up_W = p["up.W"]
 
     # --- down: convolution ---
-    # K^down[l, p, q] = b_down[l] + Σ_{c,r,s}(W_down[c, r, s, l]*down_out_windows[c, p, q, r, s])
+    # K^down[l, p, q] = b_down[l] + Σ_{c,r,s}(W_down[c, r, s, l]*u[c, 2*p + r - 1, 2*q + s - 1])
     down_out = _conv2d(u0, down_W, 2, 1, down_b)
 
     # --- conv: convolution ---
-    # K^conv[l, p, q] = b_conv[l] + Σ_{k,r,s}(W_conv[k, r, s, l]*conv_out_windows[k, p, q, r, s])
+    # K^conv[l, p, q] = b_conv[l] + Σ_{k,r,s}(W_conv[k, r, s, l]*K^down[k, p + r - 1, q + s - 1])
     conv_out = _conv2d(down_out, conv_W, 1, 1, conv_b)
 
     # --- bn: batch-norm ---
@@ -627,7 +627,7 @@ def _step_identity_vjp(u0, u1_bar, p, config, eps):
     # --- adjoint of conv: convolution ---
     # K̅^conv[l, p, q] = a^bn[l]*B̅^bn[l, p, q]
     conv_out_bar = bn_a[None, :, None, None]*bn_out_bar
-    # W̅_conv[k, r, s, l] = Σ_{p,q}(conv_W_bar_windows[k, p, q, r, s]*K̅^conv[l, p, q])
+    # W̅_conv[k, r, s, l] = Σ_{p,q}(K^down[k, p + r - 1, q + s - 1]*K̅^conv[l, p, q])
     conv_W_bar = _einsum("blpq,bkpqrs->krsl", conv_out_bar, _windows(down_out, (2, 3), 3, 1, 1))
     # b̅_conv[l] = Σ_{p,q}(K̅^conv[l, p, q])
     conv_b_bar = _einsum("blpq->l", conv_out_bar)
@@ -635,7 +635,7 @@ def _step_identity_vjp(u0, u1_bar, p, config, eps):
     # --- adjoint of down: convolution ---
     # K̅^down[k, p + r - 1, q + s - 1] = Σ_l(W_conv[k, r, s, l]*K̅^conv[l, p, q])
     down_out_bar = _fold(_einsum("blpq,krsl->bkpqrs", conv_out_bar, conv_W), down_out.shape, (2, 3), 3, 1, 1)
-    # W̅_down[c, r, s, l] = Σ_{p,q}(down_W_bar_windows[c, p, q, r, s]*K̅^down[l, p, q])
+    # W̅_down[c, r, s, l] = Σ_{p,q}(u[c, 2*p + r - 1, 2*q + s - 1]*K̅^down[l, p, q])
     down_W_bar = _einsum("blpq,bcpqrs->crsl", down_out_bar, _windows(u0, (2, 3), 3, 2, 1))
     # b̅_down[l] = Σ_{p,q}(K̅^down[l, p, q])
     down_b_bar = _einsum("blpq->l", down_out_bar)

@@ -732,7 +732,7 @@ def _embedding(u0, p, config, eps):
     embed_norm_bias = p["embed_norm.bias"]
 
     # --- embed: convolution ---
-    # K^embed[l, p, q] = b_embed[l] + Σ_{c,r,s}(W_embed[c, r, s, l]*embed_out_windows[c, p, q, r, s])
+    # K^embed[l, p, q] = b_embed[l] + Σ_{c,r,s}(W_embed[c, r, s, l]*u[c, -patch_padding + patch_stride*p + r, -patch_padding + patch_stride*q + s])
     embed_out = torch.nn.functional.conv2d(u0, embed_W.permute(3, 0, 1, 2), embed_b, patch_stride, patch_padding)
 
     # --- the grid as tokens ---
@@ -766,7 +766,7 @@ def _embedding_cls(u0, p, config, eps):
     cls = p["cls"]
 
     # --- embed: convolution ---
-    # K^embed[l, p, q] = b_embed[l] + Σ_{c,r,s}(W_embed[c, r, s, l]*embed_out_windows[c, p, q, r, s])
+    # K^embed[l, p, q] = b_embed[l] + Σ_{c,r,s}(W_embed[c, r, s, l]*u[c, -patch_padding + patch_stride*p + r, -patch_padding + patch_stride*q + s])
     embed_out = torch.nn.functional.conv2d(u0, embed_W.permute(3, 0, 1, 2), embed_b, patch_stride, patch_padding)
 
     # --- the grid as tokens ---
@@ -874,7 +874,7 @@ def _step(u0, p, config, eps):
     # qconv_W_folded[r, s, l] = qbn_a[l]*qconv_W[r, s, l]
     qconv_W_folded = qbn_a*qconv_W
     del qbn_a
-    # K_dw^qconv[l, p, q] = Σ_{r,s}(W_qconv[r, s, l]*qconv_out_windows[l, p, q, r, s])
+    # K_dw^qconv[l, p, q] = Σ_{r,s}(W_qconv[r, s, l]*g[l, -padding_q + stride_q*p + r, -padding_q + stride_q*q + s])
     # qconv_out[l, p, q] ← qbn_a[l]*qconv_out[l, p, q] + qbn_c[l] (folded into the kernel and bias)
     qconv_out = torch.nn.functional.conv2d(grid, qconv_W_folded.permute(2, 0, 1).unsqueeze(1), qbn_c, stride_q, padding_q, groups=grid.shape[1])
     del qbn_c, qconv_W_folded
@@ -889,7 +889,7 @@ def _step(u0, p, config, eps):
     # kconv_W_folded[r, s, l] = kbn_a[l]*kconv_W[r, s, l]
     kconv_W_folded = kbn_a*kconv_W
     del kbn_a
-    # K_dw^kconv[l, f, h] = Σ_{r,s}(W_kconv[r, s, l]*kconv_out_windows[l, f, h, r, s])
+    # K_dw^kconv[l, f, h] = Σ_{r,s}(W_kconv[r, s, l]*g[l, -padding_kv + stride_kv*f + r, -padding_kv + stride_kv*h + s])
     # kconv_out[l, f, h] ← kbn_a[l]*kconv_out[l, f, h] + kbn_c[l] (folded into the kernel and bias)
     kconv_out = torch.nn.functional.conv2d(grid, kconv_W_folded.permute(2, 0, 1).unsqueeze(1), kbn_c, stride_kv, padding_kv, groups=grid.shape[1])
     del kbn_c, kconv_W_folded
@@ -904,7 +904,7 @@ def _step(u0, p, config, eps):
     # vconv_W_folded[r, s, l] = vbn_a[l]*vconv_W[r, s, l]
     vconv_W_folded = vbn_a*vconv_W
     del vbn_a
-    # K_dw^vconv[l, f, h] = Σ_{r,s}(W_vconv[r, s, l]*vconv_out_windows[l, f, h, r, s])
+    # K_dw^vconv[l, f, h] = Σ_{r,s}(W_vconv[r, s, l]*g[l, -padding_kv + stride_kv*f + r, -padding_kv + stride_kv*h + s])
     # vconv_out[l, f, h] ← vbn_a[l]*vconv_out[l, f, h] + vbn_c[l] (folded into the kernel and bias)
     vconv_out = torch.nn.functional.conv2d(grid, vconv_W_folded.permute(2, 0, 1).unsqueeze(1), vbn_c, stride_kv, padding_kv, groups=grid.shape[1])
     del grid, vbn_c, vconv_W_folded
@@ -1054,7 +1054,7 @@ def _step_cls(u0, p, config, eps):
     # qconv_W_folded[r, s, l] = qbn_a[l]*qconv_W[r, s, l]
     qconv_W_folded = qbn_a*qconv_W
     del qbn_a
-    # K_dw^qconv[l, p, q] = Σ_{r,s}(W_qconv[r, s, l]*qconv_out_windows[l, p, q, r, s])
+    # K_dw^qconv[l, p, q] = Σ_{r,s}(W_qconv[r, s, l]*g[l, -padding_q + stride_q*p + r, -padding_q + stride_q*q + s])
     # qconv_out[l, p, q] ← qbn_a[l]*qconv_out[l, p, q] + qbn_c[l] (folded into the kernel and bias)
     qconv_out = torch.nn.functional.conv2d(grid, qconv_W_folded.permute(2, 0, 1).unsqueeze(1), qbn_c, stride_q, padding_q, groups=grid.shape[1])
     del qbn_c, qconv_W_folded
@@ -1069,7 +1069,7 @@ def _step_cls(u0, p, config, eps):
     # kconv_W_folded[r, s, l] = kbn_a[l]*kconv_W[r, s, l]
     kconv_W_folded = kbn_a*kconv_W
     del kbn_a
-    # K_dw^kconv[l, f, h] = Σ_{r,s}(W_kconv[r, s, l]*kconv_out_windows[l, f, h, r, s])
+    # K_dw^kconv[l, f, h] = Σ_{r,s}(W_kconv[r, s, l]*g[l, -padding_kv + stride_kv*f + r, -padding_kv + stride_kv*h + s])
     # kconv_out[l, f, h] ← kbn_a[l]*kconv_out[l, f, h] + kbn_c[l] (folded into the kernel and bias)
     kconv_out = torch.nn.functional.conv2d(grid, kconv_W_folded.permute(2, 0, 1).unsqueeze(1), kbn_c, stride_kv, padding_kv, groups=grid.shape[1])
     del kbn_c, kconv_W_folded
@@ -1084,7 +1084,7 @@ def _step_cls(u0, p, config, eps):
     # vconv_W_folded[r, s, l] = vbn_a[l]*vconv_W[r, s, l]
     vconv_W_folded = vbn_a*vconv_W
     del vbn_a
-    # K_dw^vconv[l, f, h] = Σ_{r,s}(W_vconv[r, s, l]*vconv_out_windows[l, f, h, r, s])
+    # K_dw^vconv[l, f, h] = Σ_{r,s}(W_vconv[r, s, l]*g[l, -padding_kv + stride_kv*f + r, -padding_kv + stride_kv*h + s])
     # vconv_out[l, f, h] ← vbn_a[l]*vconv_out[l, f, h] + vbn_c[l] (folded into the kernel and bias)
     vconv_out = torch.nn.functional.conv2d(grid, vconv_W_folded.permute(2, 0, 1).unsqueeze(1), vbn_c, stride_kv, padding_kv, groups=grid.shape[1])
     del grid, vbn_c, vconv_W_folded
@@ -1260,7 +1260,7 @@ def _embedding_vjp(u0, embed_norm_out_bar, p, config, eps):
     embed_norm_gain = p["embed_norm.gain"]
 
     # --- embed: convolution ---
-    # K^embed[l, p, q] = b_embed[l] + Σ_{c,r,s}(W_embed[c, r, s, l]*embed_out_windows[c, p, q, r, s])
+    # K^embed[l, p, q] = b_embed[l] + Σ_{c,r,s}(W_embed[c, r, s, l]*u[c, -patch_padding + patch_stride*p + r, -patch_padding + patch_stride*q + s])
     embed_out = torch.nn.functional.conv2d(u0, embed_W.permute(3, 0, 1, 2), embed_b, patch_stride, patch_padding)
 
     # --- the grid as tokens ---
@@ -1304,7 +1304,7 @@ def _embedding_vjp(u0, embed_norm_out_bar, p, config, eps):
     tokens_bar_view4 = _rows(tokens_bar, 1, 0, (n_rows, n_cols))
     # K̅^embed[l, p, q] = tokens_bar_view4[p, q, l]
     embed_out_bar = tokens_bar_view4.permute(0, 3, 1, 2)
-    # W̅_embed[c, r, s, l] = Σ_{p,q}(embed_W_bar_windows[c, p, q, r, s]*K̅^embed[l, p, q])
+    # W̅_embed[c, r, s, l] = Σ_{p,q}(u[c, -patch_padding + patch_stride*p + r, -patch_padding + patch_stride*q + s]*K̅^embed[l, p, q])
     embed_W_bar = torch.ops.aten.convolution_backward(embed_out_bar, u0, u0.new_empty((embed_out_bar.shape[1], u0.shape[1], patch_size, patch_size)), None, [patch_stride, patch_stride], [patch_padding, patch_padding], [1, 1], False, [0, 0], 1, [False, True, False])[1].permute(1, 2, 3, 0)
     # b̅_embed[l] = Σ_{p,q}(K̅^embed[l, p, q])
     embed_b_bar = torch.einsum("blpq->l", embed_out_bar)
@@ -1332,7 +1332,7 @@ def _embedding_cls_vjp(u0, x0_bar, p, config, eps):
     embed_norm_bias = p["embed_norm.bias"]
 
     # --- embed: convolution ---
-    # K^embed[l, p, q] = b_embed[l] + Σ_{c,r,s}(W_embed[c, r, s, l]*embed_out_windows[c, p, q, r, s])
+    # K^embed[l, p, q] = b_embed[l] + Σ_{c,r,s}(W_embed[c, r, s, l]*u[c, -patch_padding + patch_stride*p + r, -patch_padding + patch_stride*q + s])
     embed_out = torch.nn.functional.conv2d(u0, embed_W.permute(3, 0, 1, 2), embed_b, patch_stride, patch_padding)
 
     # --- the grid as tokens ---
@@ -1390,7 +1390,7 @@ def _embedding_cls_vjp(u0, x0_bar, p, config, eps):
     tokens_bar_view6 = _rows(tokens_bar, 1, 0, (n_rows, n_cols))
     # K̅^embed[l, p, q] = tokens_bar_view6[p, q, l]
     embed_out_bar = tokens_bar_view6.permute(0, 3, 1, 2)
-    # W̅_embed[c, r, s, l] = Σ_{p,q}(embed_W_bar_windows[c, p, q, r, s]*K̅^embed[l, p, q])
+    # W̅_embed[c, r, s, l] = Σ_{p,q}(u[c, -patch_padding + patch_stride*p + r, -patch_padding + patch_stride*q + s]*K̅^embed[l, p, q])
     embed_W_bar = torch.ops.aten.convolution_backward(embed_out_bar, u0, u0.new_empty((embed_out_bar.shape[1], u0.shape[1], patch_size, patch_size)), None, [patch_stride, patch_stride], [patch_padding, patch_padding], [1, 1], False, [0, 0], 1, [False, True, False])[1].permute(1, 2, 3, 0)
     # b̅_embed[l] = Σ_{p,q}(K̅^embed[l, p, q])
     embed_b_bar = torch.einsum("blpq->l", embed_out_bar)
@@ -1468,7 +1468,7 @@ def _step_vjp(u0, u2_bar, p, config, eps):
     grid = norm1_out_view1.permute(0, 3, 1, 2)
 
     # --- qconv: depthwise-convolution ---
-    # K_dw^qconv[l, p, q] = Σ_{r,s}(W_qconv[r, s, l]*qconv_out_windows[l, p, q, r, s])
+    # K_dw^qconv[l, p, q] = Σ_{r,s}(W_qconv[r, s, l]*g[l, -padding_q + stride_q*p + r, -padding_q + stride_q*q + s])
     qconv_out = torch.nn.functional.conv2d(grid, qconv_W.permute(2, 0, 1).unsqueeze(1), None, stride_q, padding_q, groups=grid.shape[1])
 
     # --- qbn: batch-norm ---
@@ -1480,7 +1480,7 @@ def _step_vjp(u0, u2_bar, p, config, eps):
     qbn_out = qbn_a[None, :, None, None]*qconv_out + qbn_c[None, :, None, None]
 
     # --- kconv: depthwise-convolution ---
-    # K_dw^kconv[l, f, h] = Σ_{r,s}(W_kconv[r, s, l]*kconv_out_windows[l, f, h, r, s])
+    # K_dw^kconv[l, f, h] = Σ_{r,s}(W_kconv[r, s, l]*g[l, -padding_kv + stride_kv*f + r, -padding_kv + stride_kv*h + s])
     kconv_out = torch.nn.functional.conv2d(grid, kconv_W.permute(2, 0, 1).unsqueeze(1), None, stride_kv, padding_kv, groups=grid.shape[1])
 
     # --- kbn: batch-norm ---
@@ -1492,7 +1492,7 @@ def _step_vjp(u0, u2_bar, p, config, eps):
     kbn_out = kbn_a[None, :, None, None]*kconv_out + kbn_c[None, :, None, None]
 
     # --- vconv: depthwise-convolution ---
-    # K_dw^vconv[l, f, h] = Σ_{r,s}(W_vconv[r, s, l]*vconv_out_windows[l, f, h, r, s])
+    # K_dw^vconv[l, f, h] = Σ_{r,s}(W_vconv[r, s, l]*g[l, -padding_kv + stride_kv*f + r, -padding_kv + stride_kv*h + s])
     vconv_out = torch.nn.functional.conv2d(grid, vconv_W.permute(2, 0, 1).unsqueeze(1), None, stride_kv, padding_kv, groups=grid.shape[1])
 
     # --- vbn: batch-norm ---
@@ -1665,7 +1665,7 @@ def _step_vjp(u0, u2_bar, p, config, eps):
     # --- adjoint of vconv: depthwise-convolution ---
     # K̅_dw^vconv[l, f, h] = a^vbn[l]*B̅^vbn[l, f, h]
     vconv_out_bar = vbn_a[None, :, None, None]*vbn_out_bar
-    # W̅_vconv[r, s, l] = Σ_{f,h}(vconv_W_bar_windows[l, f, h, r, s]*K̅_dw^vconv[l, f, h])
+    # W̅_vconv[r, s, l] = Σ_{f,h}(g[l, -padding_kv + stride_kv*f + r, -padding_kv + stride_kv*h + s]*K̅_dw^vconv[l, f, h])
     vconv_W_bar = torch.ops.aten.convolution_backward(vconv_out_bar, grid, grid.new_empty((grid.shape[1], 1, kernel_qkv, kernel_qkv)), None, [stride_kv, stride_kv], [padding_kv, padding_kv], [1, 1], False, [0, 0], grid.shape[1], [False, True, False])[1].squeeze(1).permute(1, 2, 0)
 
     # --- adjoint of kbn: batch-norm ---
@@ -1698,7 +1698,7 @@ def _step_vjp(u0, u2_bar, p, config, eps):
     # --- adjoint of kconv: depthwise-convolution ---
     # K̅_dw^kconv[l, f, h] = a^kbn[l]*B̅^kbn[l, f, h]
     kconv_out_bar = kbn_a[None, :, None, None]*kbn_out_bar
-    # W̅_kconv[r, s, l] = Σ_{f,h}(kconv_W_bar_windows[l, f, h, r, s]*K̅_dw^kconv[l, f, h])
+    # W̅_kconv[r, s, l] = Σ_{f,h}(g[l, -padding_kv + stride_kv*f + r, -padding_kv + stride_kv*h + s]*K̅_dw^kconv[l, f, h])
     kconv_W_bar = torch.ops.aten.convolution_backward(kconv_out_bar, grid, grid.new_empty((grid.shape[1], 1, kernel_qkv, kernel_qkv)), None, [stride_kv, stride_kv], [padding_kv, padding_kv], [1, 1], False, [0, 0], grid.shape[1], [False, True, False])[1].squeeze(1).permute(1, 2, 0)
 
     # --- adjoint of qbn: batch-norm ---
@@ -1731,7 +1731,7 @@ def _step_vjp(u0, u2_bar, p, config, eps):
     # --- adjoint of qconv: depthwise-convolution ---
     # K̅_dw^qconv[l, p, q] = a^qbn[l]*B̅^qbn[l, p, q]
     qconv_out_bar = qbn_a[None, :, None, None]*qbn_out_bar
-    # W̅_qconv[r, s, l] = Σ_{p,q}(qconv_W_bar_windows[l, p, q, r, s]*K̅_dw^qconv[l, p, q])
+    # W̅_qconv[r, s, l] = Σ_{p,q}(g[l, -padding_q + stride_q*p + r, -padding_q + stride_q*q + s]*K̅_dw^qconv[l, p, q])
     qconv_W_bar = torch.ops.aten.convolution_backward(qconv_out_bar, grid, grid.new_empty((grid.shape[1], 1, kernel_qkv, kernel_qkv)), None, [stride_q, stride_q], [padding_q, padding_q], [1, 1], False, [0, 0], grid.shape[1], [False, True, False])[1].squeeze(1).permute(1, 2, 0)
 
     # --- adjoint of the grid field of the tokens ---
@@ -1863,7 +1863,7 @@ def _step_cls_vjp(u0, u2_bar, p, config, eps):
     grid = norm1_out_view1.permute(0, 3, 1, 2)
 
     # --- qconv: depthwise-convolution ---
-    # K_dw^qconv[l, p, q] = Σ_{r,s}(W_qconv[r, s, l]*qconv_out_windows[l, p, q, r, s])
+    # K_dw^qconv[l, p, q] = Σ_{r,s}(W_qconv[r, s, l]*g[l, -padding_q + stride_q*p + r, -padding_q + stride_q*q + s])
     qconv_out = torch.nn.functional.conv2d(grid, qconv_W.permute(2, 0, 1).unsqueeze(1), None, stride_q, padding_q, groups=grid.shape[1])
 
     # --- qbn: batch-norm ---
@@ -1875,7 +1875,7 @@ def _step_cls_vjp(u0, u2_bar, p, config, eps):
     qbn_out = qbn_a[None, :, None, None]*qconv_out + qbn_c[None, :, None, None]
 
     # --- kconv: depthwise-convolution ---
-    # K_dw^kconv[l, f, h] = Σ_{r,s}(W_kconv[r, s, l]*kconv_out_windows[l, f, h, r, s])
+    # K_dw^kconv[l, f, h] = Σ_{r,s}(W_kconv[r, s, l]*g[l, -padding_kv + stride_kv*f + r, -padding_kv + stride_kv*h + s])
     kconv_out = torch.nn.functional.conv2d(grid, kconv_W.permute(2, 0, 1).unsqueeze(1), None, stride_kv, padding_kv, groups=grid.shape[1])
 
     # --- kbn: batch-norm ---
@@ -1887,7 +1887,7 @@ def _step_cls_vjp(u0, u2_bar, p, config, eps):
     kbn_out = kbn_a[None, :, None, None]*kconv_out + kbn_c[None, :, None, None]
 
     # --- vconv: depthwise-convolution ---
-    # K_dw^vconv[l, f, h] = Σ_{r,s}(W_vconv[r, s, l]*vconv_out_windows[l, f, h, r, s])
+    # K_dw^vconv[l, f, h] = Σ_{r,s}(W_vconv[r, s, l]*g[l, -padding_kv + stride_kv*f + r, -padding_kv + stride_kv*h + s])
     vconv_out = torch.nn.functional.conv2d(grid, vconv_W.permute(2, 0, 1).unsqueeze(1), None, stride_kv, padding_kv, groups=grid.shape[1])
 
     # --- vbn: batch-norm ---
@@ -2072,7 +2072,7 @@ def _step_cls_vjp(u0, u2_bar, p, config, eps):
     # --- adjoint of vconv: depthwise-convolution ---
     # K̅_dw^vconv[l, f, h] = a^vbn[l]*B̅^vbn[l, f, h]
     vconv_out_bar = vbn_a[None, :, None, None]*vbn_out_bar
-    # W̅_vconv[r, s, l] = Σ_{f,h}(vconv_W_bar_windows[l, f, h, r, s]*K̅_dw^vconv[l, f, h])
+    # W̅_vconv[r, s, l] = Σ_{f,h}(g[l, -padding_kv + stride_kv*f + r, -padding_kv + stride_kv*h + s]*K̅_dw^vconv[l, f, h])
     vconv_W_bar = torch.ops.aten.convolution_backward(vconv_out_bar, grid, grid.new_empty((grid.shape[1], 1, kernel_qkv, kernel_qkv)), None, [stride_kv, stride_kv], [padding_kv, padding_kv], [1, 1], False, [0, 0], grid.shape[1], [False, True, False])[1].squeeze(1).permute(1, 2, 0)
 
     # --- adjoint of kbn: batch-norm ---
@@ -2105,7 +2105,7 @@ def _step_cls_vjp(u0, u2_bar, p, config, eps):
     # --- adjoint of kconv: depthwise-convolution ---
     # K̅_dw^kconv[l, f, h] = a^kbn[l]*B̅^kbn[l, f, h]
     kconv_out_bar = kbn_a[None, :, None, None]*kbn_out_bar
-    # W̅_kconv[r, s, l] = Σ_{f,h}(kconv_W_bar_windows[l, f, h, r, s]*K̅_dw^kconv[l, f, h])
+    # W̅_kconv[r, s, l] = Σ_{f,h}(g[l, -padding_kv + stride_kv*f + r, -padding_kv + stride_kv*h + s]*K̅_dw^kconv[l, f, h])
     kconv_W_bar = torch.ops.aten.convolution_backward(kconv_out_bar, grid, grid.new_empty((grid.shape[1], 1, kernel_qkv, kernel_qkv)), None, [stride_kv, stride_kv], [padding_kv, padding_kv], [1, 1], False, [0, 0], grid.shape[1], [False, True, False])[1].squeeze(1).permute(1, 2, 0)
 
     # --- adjoint of qbn: batch-norm ---
@@ -2138,7 +2138,7 @@ def _step_cls_vjp(u0, u2_bar, p, config, eps):
     # --- adjoint of qconv: depthwise-convolution ---
     # K̅_dw^qconv[l, p, q] = a^qbn[l]*B̅^qbn[l, p, q]
     qconv_out_bar = qbn_a[None, :, None, None]*qbn_out_bar
-    # W̅_qconv[r, s, l] = Σ_{p,q}(qconv_W_bar_windows[l, p, q, r, s]*K̅_dw^qconv[l, p, q])
+    # W̅_qconv[r, s, l] = Σ_{p,q}(g[l, -padding_q + stride_q*p + r, -padding_q + stride_q*q + s]*K̅_dw^qconv[l, p, q])
     qconv_W_bar = torch.ops.aten.convolution_backward(qconv_out_bar, grid, grid.new_empty((grid.shape[1], 1, kernel_qkv, kernel_qkv)), None, [stride_q, stride_q], [padding_q, padding_q], [1, 1], False, [0, 0], grid.shape[1], [False, True, False])[1].squeeze(1).permute(1, 2, 0)
 
     # --- adjoint of the grid field of the tokens ---

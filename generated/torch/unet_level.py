@@ -334,7 +334,7 @@ def _step_identity(u0, p, config, eps):
     up_b = p["up.b"]
 
     # --- down: convolution ---
-    # K^down[l, p, q] = b_down[l] + Σ_{c,r,s}(W_down[c, r, s, l]*down_out_windows[c, p, q, r, s])
+    # K^down[l, p, q] = b_down[l] + Σ_{c,r,s}(W_down[c, r, s, l]*u[c, 2*p + r - 1, 2*q + s - 1])
     down_out = torch.nn.functional.conv2d(u0, down_W.permute(3, 0, 1, 2), down_b, 2, 1)
 
     # --- bn: batch-norm ---
@@ -349,7 +349,7 @@ def _step_identity(u0, p, config, eps):
     # conv_b_folded[l] = bn_a[l]*conv_b[l] + bn_c[l]
     conv_b_folded = bn_a*conv_b + bn_c
     del bn_a, bn_c
-    # K^conv[l, p, q] = b_conv[l] + Σ_{k,r,s}(W_conv[k, r, s, l]*conv_out_windows[k, p, q, r, s])
+    # K^conv[l, p, q] = b_conv[l] + Σ_{k,r,s}(W_conv[k, r, s, l]*K^down[k, p + r - 1, q + s - 1])
     # conv_out[l, p, q] ← bn_a[l]*conv_out[l, p, q] + bn_c[l] (folded into the kernel and bias)
     conv_out = torch.nn.functional.conv2d(down_out, conv_W_folded.permute(3, 0, 1, 2), conv_b_folded, 1, 1)
     del conv_W_folded, conv_b_folded, down_out
@@ -400,11 +400,11 @@ def _step_identity_vjp(u0, u1_bar, p, config, eps):
     up_W = p["up.W"]
 
     # --- down: convolution ---
-    # K^down[l, p, q] = b_down[l] + Σ_{c,r,s}(W_down[c, r, s, l]*down_out_windows[c, p, q, r, s])
+    # K^down[l, p, q] = b_down[l] + Σ_{c,r,s}(W_down[c, r, s, l]*u[c, 2*p + r - 1, 2*q + s - 1])
     down_out = torch.nn.functional.conv2d(u0, down_W.permute(3, 0, 1, 2), down_b, 2, 1)
 
     # --- conv: convolution ---
-    # K^conv[l, p, q] = b_conv[l] + Σ_{k,r,s}(W_conv[k, r, s, l]*conv_out_windows[k, p, q, r, s])
+    # K^conv[l, p, q] = b_conv[l] + Σ_{k,r,s}(W_conv[k, r, s, l]*K^down[k, p + r - 1, q + s - 1])
     conv_out = torch.nn.functional.conv2d(down_out, conv_W.permute(3, 0, 1, 2), conv_b, 1, 1)
 
     # --- bn: batch-norm ---
@@ -465,7 +465,7 @@ def _step_identity_vjp(u0, u1_bar, p, config, eps):
     # --- adjoint of conv: convolution ---
     # K̅^conv[l, p, q] = a^bn[l]*B̅^bn[l, p, q]
     conv_out_bar = bn_a[None, :, None, None]*bn_out_bar
-    # W̅_conv[k, r, s, l] = Σ_{p,q}(conv_W_bar_windows[k, p, q, r, s]*K̅^conv[l, p, q])
+    # W̅_conv[k, r, s, l] = Σ_{p,q}(K^down[k, p + r - 1, q + s - 1]*K̅^conv[l, p, q])
     conv_W_bar = torch.ops.aten.convolution_backward(conv_out_bar, down_out, down_out.new_empty((conv_out_bar.shape[1], down_out.shape[1], 3, 3)), None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [False, True, False])[1].permute(1, 2, 3, 0)
     # b̅_conv[l] = Σ_{p,q}(K̅^conv[l, p, q])
     conv_b_bar = torch.einsum("blpq->l", conv_out_bar)
@@ -473,7 +473,7 @@ def _step_identity_vjp(u0, u1_bar, p, config, eps):
     # --- adjoint of down: convolution ---
     # K̅^down[k, p + r - 1, q + s - 1] = Σ_l(W_conv[k, r, s, l]*K̅^conv[l, p, q])
     down_out_bar = torch.ops.aten.convolution_backward(conv_out_bar, down_out, conv_W.permute(3, 0, 1, 2), None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [True, False, False])[0]
-    # W̅_down[c, r, s, l] = Σ_{p,q}(down_W_bar_windows[c, p, q, r, s]*K̅^down[l, p, q])
+    # W̅_down[c, r, s, l] = Σ_{p,q}(u[c, 2*p + r - 1, 2*q + s - 1]*K̅^down[l, p, q])
     down_W_bar = torch.ops.aten.convolution_backward(down_out_bar, u0, u0.new_empty((down_out_bar.shape[1], u0.shape[1], 3, 3)), None, [2, 2], [1, 1], [1, 1], False, [0, 0], 1, [False, True, False])[1].permute(1, 2, 3, 0)
     # b̅_down[l] = Σ_{p,q}(K̅^down[l, p, q])
     down_b_bar = torch.einsum("blpq->l", down_out_bar)

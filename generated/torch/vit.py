@@ -770,7 +770,7 @@ def _embedding(image, p, config, eps):
     embed_pos = p["embed.pos"]
 
     # --- embed: patch-embedding ---
-    # f^embed[p, q, l] = b^E_embed[l] + Σ_{c,r,s}(W^E_embed[c, r, s, l]*embed_f_windows[c, p, q, r, s])
+    # f^embed[p, q, l] = b^E_embed[l] + Σ_{c,r,s}(W^E_embed[c, r, s, l]*I[c, P*p + r, P*q + s])
     embed_f = torch.nn.functional.conv2d(image, embed_W.permute(3, 0, 1, 2), embed_b, patch_size, 0).permute(0, 2, 3, 1)
 
     # --- initial condition on the token domain ---

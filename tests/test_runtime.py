@@ -266,6 +266,26 @@ def test_numpy_activation_adjoints_compute_half_precision_in_single_and_follow_t
     assert numpy_helpers._silu_backward(1.0, np.int8([-128])) == numpy_helpers._silu_backward(1.0, np.float64([-128]))
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_numpy_silu_and_its_derivative_where_the_exponential_overflows_are_torchs_values_without_a_warning(dtype):
+    """e^{−x} overflows for x < −88.7 (float32) or −709.8 (float64): the SiLU is x/∞ = −0 and its derivative 0, as
+    torch's, and NumPy's overflow warning (an error under ``np.errstate(over="raise")``) is not raised (an adjoint
+    auditor's: llama's feed-forward in float32 warned); control: the formula alone warns there."""
+    x = np.array([-1e4, -800.0, -100.0, -20.0, 0.5, 1e4], dtype)
+    costate = np.arange(1, 7, dtype=dtype)
+    expected = torch.nn.functional.silu(torch.from_numpy(x)).numpy()
+    gradient = torch.from_numpy(x).requires_grad_()
+    torch.nn.functional.silu(gradient).backward(torch.from_numpy(costate))
+    with np.errstate(over="raise"):
+        with pytest.raises(FloatingPointError):
+            np.divide(x, 1 + np.exp(-x))
+        value = numpy_helpers._silu(x)
+        assert np.array_equal(value[:3], expected[:3]) and np.signbit(value[:3]).all()  # −0, as torch's
+        assert np.abs(value - expected).max() <= 2 * np.finfo(dtype).eps * np.abs(expected).max()
+        assert np.abs(numpy_helpers._silu_backward(costate, x) - gradient.grad.numpy()).max() <= 4 * np.finfo(dtype).eps
+        assert np.array_equal(numpy_helpers._silu(x.reshape(2, 3).T), value.reshape(2, 3).T)  # strided rows
+
+
 def test_numpy_half_precision_erf_is_single_precisions_rounded(rng):
     x = rng.normal(0, 2, 2 * numpy_helpers._BLOCK + 5).astype(np.float16)
     single = numpy_helpers._erf(x.astype(np.float32))

@@ -288,6 +288,28 @@ def test_cvt_model_sizes_are_named():
         torch_module.Model(3, [8], [1], [0], [STAGE])
 
 
+# --- masks that hold no numbers ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, mask", [("key_padding_mask", "abc"), ("key_padding_mask", np.full((2, 5), None)),
+                                        ("src_mask", "abc"), ("src_mask", np.full((5, 5), None))])
+def test_a_mask_holding_no_numbers_is_named_in_both_backends(name, mask, rng):
+    """A string or an object array as a mask: a TypeError naming it from the torch Block, before any work, as the NumPy
+    forward's error names it (torch's own, from ``torch.as_tensor``, named no argument: a hostile tester); control: the
+    same masks as bools run."""
+    numpy_module, torch_module = _modules("post_ln")
+    params = reference.random_params(numpy_module.PARAMETERS, 8, 12, rng)
+    block = torch_module.Block(8, 2, 12, dtype=torch.float64).load_params(params)
+    u = rng.normal(size=(2, 5, 8))
+    with pytest.raises(TypeError, match=f"^{name} must be a bool or float tensor or array, got "):
+        block(torch.from_numpy(u), **{name: mask})
+    if name == "key_padding_mask":
+        with pytest.raises((TypeError, ValueError), match=f"^{name} must be bool"):
+            numpy_module.forward(u, params, n_heads=2, key_padding_mask=mask)
+    unmasked = np.zeros((2, 5) if name == "key_padding_mask" else (5, 5), bool)
+    assert np.allclose(block(torch.from_numpy(u), **{name: unmasked}).detach().numpy(),
+                       numpy_module.forward(u, params, n_heads=2), rtol=0, atol=1e-12)
+
+
 # --- the meta device --------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name, options", [("post_ln", {"key_padding_mask": torch.zeros(2, 3, dtype=torch.bool)}),

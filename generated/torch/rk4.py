@@ -554,9 +554,23 @@ def _first_order_only():
 def _mask_on(name: str, mask, device: torch.device) -> torch.Tensor:
     """``mask`` as a tensor on ``device``; a ValueError naming it where it is on the meta device and ``device`` is not
     (a meta tensor holds no values to read: torch's own error names no argument)."""
-    if isinstance(mask, torch.Tensor) and mask.device.type == "meta" and device.type != "meta":
+    if not isinstance(mask, torch.Tensor):
+        mask = _mask_tensor(name, mask)
+    if mask.device.type == "meta" and device.type != "meta":
         raise ValueError(f"{name} is on the meta device (it holds no values), u on {device.type}")
     return torch.as_tensor(mask, device=device)
+
+
+@torch.jit.unused
+def _mask_tensor(name: str, mask) -> torch.Tensor:
+    """``mask`` given as an array or nested lists, as a tensor; the TypeError naming ``name`` where it holds no
+    numbers (a string, an object array: torch's own error names no argument)."""
+    try:
+        return torch.as_tensor(mask)
+    except (TypeError, ValueError, RuntimeError):
+        dtype = getattr(mask, "dtype", None)
+        got = type(mask).__name__ if dtype is None else f"{type(mask).__name__} of {dtype}"
+        raise TypeError(f"{name} must be a bool or float tensor or array, got {got}") from None
 
 
 def _loads_finite(name: str, value: torch.Tensor, dtype: torch.dtype) -> None:

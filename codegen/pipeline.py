@@ -16,7 +16,7 @@ from splitformer.symbolic.builtins import is_network, network_text
 from splitformer.symbolic.derivation import derive
 from splitformer.symbolic.latex import align, plain_text, unicode_text
 from splitformer.symbolic.network_derivation import derive_network
-from splitformer.symbolic.network_spec import NetworkSpec
+from splitformer.symbolic.network_spec import NetworkSpec, portable_text
 from splitformer.symbolic.plugins import plugin_failures
 from splitformer.symbolic.program import Program
 from splitformer.symbolic.scheme import Scheme
@@ -105,8 +105,10 @@ def generate_network(spec: NetworkSpec, backends: tuple[str, ...], out: Path, pa
 def show_network(spec: NetworkSpec, form: str, name_or_path: str) -> str:
     """``splitformer show`` of a network (read from ``name_or_path``): its file, its report, or its discrete stages."""
     if form == "toml":
-        text = network_text(name_or_path) if is_network(name_or_path) else read_source(Path(name_or_path), "network file")
-        return text.removeprefix("\ufeff").rstrip("\n")
+        if is_network(name_or_path):
+            return network_text(name_or_path).rstrip("\n")
+        text = read_source(Path(name_or_path), "network file").removeprefix("\ufeff")
+        return portable_text(text, Path(name_or_path)).rstrip("\n")
     source, program = _network(spec)
     source("numpy")  # a network that cannot be emitted is not shown either (render_network refuses it)
     if form == "markdown":

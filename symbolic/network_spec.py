@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -22,9 +23,10 @@ from .operators import Operator
 from .scheme import Scheme, checked_activation
 from .names import check_line, check_operator_name, check_scheme_name
 from .scheme_file import NETWORK_FIELDS, load_scheme, parse_scheme, read_source, scheme_path
+from .toml_text import toml_value
 from . import cnn_operators, cvt_operators, vision_operators  # noqa: F401 - register the vision operator kinds
 
-__all__ = ["check_network", "TokenNetworkSpec", "GridNetworkSpec", "MultiscaleSpec", "NetworkSpec", "load_network", "load_scheme_or_network",
+__all__ = ["check_network", "portable_text", "TokenNetworkSpec", "GridNetworkSpec", "MultiscaleSpec", "NetworkSpec", "load_network", "load_scheme_or_network",
            "is_network_file", "network_family", "network_fingerprint", "network_names", "network_summary", "is_network",
            "network_derive_argument", "application_names"]
 
@@ -464,6 +466,22 @@ def _beside(scheme: str, folder: Path | None) -> str:
         return scheme
     beside = folder / scheme
     return str(beside) if beside.exists() or scheme.endswith(".toml") or "/" in scheme else scheme
+
+
+def portable_text(text: str, path: Path) -> str:
+    """A network file's ``text`` (read from ``path``) whose ``[steps] scheme`` names a file beside it, naming that file
+    by its absolute path, so that a copy of the text elsewhere reads the same scheme (``show --format toml``: a text
+    to copy and change); any other text as it is."""
+    try:
+        steps = tomllib.loads(text.removeprefix("\ufeff")).get("steps")
+    except tomllib.TOMLDecodeError:
+        return text
+    scheme = steps.get("scheme") if isinstance(steps, dict) else None
+    if not isinstance(scheme, str) or (found := _beside(scheme, path.parent)) == scheme or not Path(found).is_file():
+        return text
+    absolute = toml_value(str(Path(found).resolve()), "steps.scheme")
+    return re.sub(rf"""(?m)^(\s*scheme\s*=\s*)(["']){re.escape(scheme)}\2""", lambda m: m.group(1) + absolute, text,
+                  count=1)
 
 
 def load_network(name_or_path: str | os.PathLike) -> NetworkSpec:

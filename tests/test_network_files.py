@@ -268,6 +268,29 @@ def test_a_scheme_file_a_network_names_is_read_beside_the_network_file(tmp_path,
     assert load_network(path).scheme.name == "my-block"
 
 
+def test_show_toml_of_a_network_naming_a_scheme_file_names_it_so_that_a_copy_elsewhere_reads_it(tmp_path, capsys):
+    """``show --format toml`` gives a text to copy and change: the scheme file a network names beside itself is named by
+    its absolute path there (a researcher's copy in another folder failed: "cannot read scheme file copy/block.toml");
+    a built-in scheme's name stays as written. Control: the file's own text, copied, fails where the shown text works."""
+    (tmp_path / "nets").mkdir()
+    block = (resources.files("splitformer.symbolic") / "schemes" / "post-ln.toml").read_text(encoding="utf-8")
+    (tmp_path / "nets" / "block.toml").write_text(block.replace('name = "post-ln"', 'name = "my-block"'), encoding="utf-8")
+    path = _copy(tmp_path / "nets", "vit", "vit-mine", ('scheme = "pre-ln"', 'scheme = "block.toml"'))
+    assert main(["show", str(path), "--format", "toml"]) == 0
+    shown = capsys.readouterr().out
+    absolute = str((tmp_path / "nets" / "block.toml").resolve())
+    assert shown.strip() == path.read_text(encoding="utf-8").replace('"block.toml"', f'"{absolute}"').strip()
+    (tmp_path / "copy").mkdir()
+    (tmp_path / "copy" / "shown.toml").write_text(shown, encoding="utf-8")
+    (tmp_path / "copy" / "own.toml").write_text(path.read_text(encoding="utf-8"), encoding="utf-8")
+    assert load_network(tmp_path / "copy" / "shown.toml").scheme.name == "my-block"
+    with pytest.raises(splitformer.SplitformerError, match="cannot read scheme file"):
+        load_network(tmp_path / "copy" / "own.toml")
+    builtin_steps = _copy(tmp_path, "vit", "vit-named")
+    assert main(["show", str(builtin_steps), "--format", "toml"]) == 0
+    assert capsys.readouterr().out.strip() == builtin_steps.read_text(encoding="utf-8").strip()
+
+
 class _Spoof(str):
     """Equal to and hashed as ``"y"``, but printing other text."""
 

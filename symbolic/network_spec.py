@@ -375,7 +375,7 @@ def _one_layer_at_a_time(scheme: Scheme, where: str) -> Scheme:
                                 f"all its tokens and nothing else, with the sizes {', '.join(STEP_SIZES)}")
 
     if scheme.causal:
-        raise refused("is causal (a step sees its tokens unmasked)")
+        raise refused("is causal (each token sees only those before it)")
     if scheme.across_layers is not None:
         raise SplitformerError(f"{where}: steps.scheme: {scheme.name!r} combines its layers "
                                f"({scheme.across_layers.method} across layers); a network steps one layer at a time")

@@ -168,10 +168,12 @@ class _Reader:
             if not isinstance(kind, str):
                 raise self.fail(path, f"expected str or a table with 'kind', got {type(kind).__name__}")
             block_kinds = sorted(name for name, cls in OPERATOR_KINDS.items() if not getattr(cls, "model_only", False))
+            if kind in OPERATOR_KINDS and kind not in block_kinds:
+                raise self.fail(path, f"{kind!r} is a network's operator, and this file has no [step] applying it: a "
+                                "grid network file names its operators in [operators] and applies them in [step] "
+                                f"(a block scheme's operators: {', '.join(block_kinds)})")
             if kind not in block_kinds:
-                vision = (" (a network's operator: a grid network file names it in [operators] and applies it in "
-                          "[step])" if kind in OPERATOR_KINDS else "")
-                raise self.fail(path, f"unknown operator {kind!r}{vision} (known: {', '.join(block_kinds)})")
+                raise self.fail(path, f"unknown operator {kind!r} (known: {', '.join(block_kinds)})")
             if key in options:
                 self.options(OPERATOR_KINDS[kind], options[key], path)
             result[key] = kind

@@ -42,7 +42,9 @@ def _replace(old, new):
 
 
 @pytest.mark.parametrize("text, message", [
-    (_replace('attn = "attention"', 'attn = "convolution"'), "operators.attn: unknown operator 'convolution'"),
+    (_replace('attn = "attention"', 'attn = "convolution"'), "operators.attn: 'convolution' is a network's operator, and this "
+                                                             "file has no [step] applying it"),
+    (_replace('attn = "attention"', 'attn = "convolutoin"'), "operators.attn: unknown operator 'convolutoin'"),
     (_replace('operator = "attn"', 'operator = "atn"'), "steps[0].operator: unknown operator 'atn'"),
     (_replace('name = "post-ln"\n', ""), "missing field 'name'"),
     (_replace('solver = "explicit"', "solver = 3"), "steps[0].solver: expected str, got int"),

@@ -267,6 +267,14 @@ def _silu_rows(x, out):
     return out
 
 
+def _unmasked(name, value):
+    """A TypeError naming ``name`` where ``value`` is a masked array: ``np.asarray`` drops its mask, and the entries it
+    hides would be computed with as numbers."""
+    if isinstance(value, np.ma.MaskedArray):
+        raise TypeError(f"{name} is a masked array, whose mask would be ignored: pass a plain array "
+                        "(its .filled(value), or .data where the masked entries are numbers to use)")
+
+
 def _checked_out(out, x):
     """A ValueError unless ``out``, which a routine of ``x`` writes, has x's shape and is x itself or does not overlap
     it."""

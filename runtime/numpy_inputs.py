@@ -8,9 +8,13 @@ import weakref
 
 import numpy as np
 
+from .numpy_helpers import _unmasked
+
 
 def _array(name, value):
-    """``value`` as a NumPy array of numbers; a TypeError for what NumPy cannot read (None, a tensor that requires grad)."""
+    """``value`` as a NumPy array of numbers; a TypeError for what NumPy cannot read (None, a tensor that requires grad)
+    or would read wrongly (a masked array)."""
+    _unmasked(name, value)
     try:
         array = np.asarray(value)
     except (TypeError, ValueError, RuntimeError) as error:

@@ -4,6 +4,8 @@ and cast, the image and a costate checked before any work. Inlined where used
 
 import numpy as np
 
+from .numpy_helpers import _unmasked
+
 
 def _shape(value):
     """The shape of a parameter (an array or anything ``np.asarray`` takes)."""
@@ -17,6 +19,7 @@ def _table(params, table, sizes, dtype, prefix=""):
         expected = tuple(sizes[axis] if isinstance(axis, str) else axis for axis in axes)
         if prefix + name not in params:
             raise ValueError(f"missing parameter {prefix + name!r} of shape {expected}")
+        _unmasked(f"parameter {prefix + name!r}", params[prefix + name])
         value = np.asarray(params[prefix + name])
         if value.dtype.kind not in "fiu":  # floating or integer (np.issubdtype's answer, 10× faster)
             raise ValueError(f"parameter {prefix + name!r} has dtype {value.dtype}, expected a real floating type")
@@ -31,6 +34,7 @@ def _table(params, table, sizes, dtype, prefix=""):
 
 def _input(name, value):
     """``value`` as a float32 or float64 array (batch, channels, height, width), checked before any work."""
+    _unmasked(name, value)
     array = np.asarray(value)
     array = array.astype(array.dtype.newbyteorder("="), copy=False)  # big-endian data (a file's) in this machine's order
     if array.dtype not in (np.float32, np.float64):

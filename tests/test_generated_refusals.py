@@ -12,6 +12,7 @@ import torch
 
 from conftest import GENERATED, import_path
 import reference
+from splitformer.codegen.verification.network_adjoint_tests import random_table
 
 
 def _modules(name):
@@ -308,6 +309,29 @@ def test_a_mask_holding_no_numbers_is_named_in_both_backends(name, mask, rng):
     unmasked = np.zeros((2, 5) if name == "key_padding_mask" else (5, 5), bool)
     assert np.allclose(block(torch.from_numpy(u), **{name: unmasked}).detach().numpy(),
                        numpy_module.forward(u, params, n_heads=2), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("module_name", ["post_ln", "decoder", "resnet_block"])
+def test_a_masked_array_is_refused_by_name_where_its_mask_would_be_ignored(module_name, rng):
+    """``np.asarray`` drops a masked array's mask, so its hidden entries (a 1e6 here) were computed with (a hostile
+    tester): the state and a parameter given masked are a TypeError naming them; control: the same arrays plain run,
+    and the hidden entry changes the result."""
+    module, _ = _modules(module_name)
+    if module_name == "resnet_block":
+        params = random_table(module.PARAMETERS, {"n_channels": 4, "d": 4}, rng)
+        u, options, first = rng.normal(size=(2, 4, 6, 6)), {}, "conv1.W"
+    else:
+        params = reference.random_params(module.PARAMETERS, 8, 12, rng)
+        u, options, first = rng.normal(size=(2, 5, 8)), {"n_heads": 2}, "attn.W_q"
+    args = (u, rng.normal(size=(2, 4, 8))) if module_name == "decoder" else (u,)
+    hidden = u.copy()
+    hidden.flat[3] = 1e6
+    masked = np.ma.array(hidden, mask=np.arange(hidden.size).reshape(hidden.shape) == 3)
+    with pytest.raises(TypeError, match="^u is a masked array, whose mask would be ignored"):
+        module.forward(masked, *args[1:], params, **options)
+    with pytest.raises(TypeError, match=f"^parameter '{first}' is a masked array"):
+        module.forward(*args, {**params, first: np.ma.array(params[first])}, **options)
+    assert not np.allclose(module.forward(hidden, *args[1:], params, **options), module.forward(*args, params, **options))
 
 
 # --- the meta device --------------------------------------------------------------------------------------

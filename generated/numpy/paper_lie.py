@@ -131,6 +131,14 @@ def _products(rows, weights, biases=None):
     return out
 
 
+def _unmasked(name, value):
+    """A TypeError naming ``name`` where ``value`` is a masked array: ``np.asarray`` drops its mask, and the entries it
+    hides would be computed with as numbers."""
+    if isinstance(value, np.ma.MaskedArray):
+        raise TypeError(f"{name} is a masked array, whose mask would be ignored: pass a plain array "
+                        "(its .filled(value), or .data where the masked entries are numbers to use)")
+
+
 def _exponentials(scores, support, shift=True):
     """``exp(scores − row max)`` in place where ``support`` holds (0 elsewhere), and the row sums; without ``shift``,
     ``exp(scores)`` (the caller knows the scores small enough, ``_bounded``: the row max cancels from the softmax).
@@ -384,7 +392,9 @@ def _support(key_padding_mask, causal, batch, n_tokens, offset=0):
 
 
 def _array(name, value):
-    """``value`` as a NumPy array of numbers; a TypeError for what NumPy cannot read (None, a tensor that requires grad)."""
+    """``value`` as a NumPy array of numbers; a TypeError for what NumPy cannot read (None, a tensor that requires grad)
+    or would read wrongly (a masked array)."""
+    _unmasked(name, value)
     try:
         array = np.asarray(value)
     except (TypeError, ValueError, RuntimeError) as error:

@@ -106,6 +106,14 @@ def _batched_product(spec, x, y):
     return product.reshape([sizes[label] for label in order]).transpose([order.index(label) for label in output])
 
 
+def _unmasked(name, value):
+    """A TypeError naming ``name`` where ``value`` is a masked array: ``np.asarray`` drops its mask, and the entries it
+    hides would be computed with as numbers."""
+    if isinstance(value, np.ma.MaskedArray):
+        raise TypeError(f"{name} is a masked array, whose mask would be ignored: pass a plain array "
+                        "(its .filled(value), or .data where the masked entries are numbers to use)")
+
+
 # --- argument checks: a ValueError or TypeError naming the argument, before any work ---
 _LARGEST_FLOAT = 1.7976931348623157e308  # sys.float_info.max
 
@@ -445,6 +453,7 @@ def _table(params, table, sizes, dtype, prefix=""):
         expected = tuple(sizes[axis] if isinstance(axis, str) else axis for axis in axes)
         if prefix + name not in params:
             raise ValueError(f"missing parameter {prefix + name!r} of shape {expected}")
+        _unmasked(f"parameter {prefix + name!r}", params[prefix + name])
         value = np.asarray(params[prefix + name])
         if value.dtype.kind not in "fiu":  # floating or integer (np.issubdtype's answer, 10× faster)
             raise ValueError(f"parameter {prefix + name!r} has dtype {value.dtype}, expected a real floating type")
@@ -459,6 +468,7 @@ def _table(params, table, sizes, dtype, prefix=""):
 
 def _input(name, value):
     """``value`` as a float32 or float64 array (batch, channels, height, width), checked before any work."""
+    _unmasked(name, value)
     array = np.asarray(value)
     array = array.astype(array.dtype.newbyteorder("="), copy=False)  # big-endian data (a file's) in this machine's order
     if array.dtype not in (np.float32, np.float64):

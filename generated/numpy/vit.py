@@ -287,6 +287,14 @@ def _gelu(x, out=None):
     return _written(result, x, out)
 
 
+def _unmasked(name, value):
+    """A TypeError naming ``name`` where ``value`` is a masked array: ``np.asarray`` drops its mask, and the entries it
+    hides would be computed with as numbers."""
+    if isinstance(value, np.ma.MaskedArray):
+        raise TypeError(f"{name} is a masked array, whose mask would be ignored: pass a plain array "
+                        "(its .filled(value), or .data where the masked entries are numbers to use)")
+
+
 def _checked_out(out, x):
     """A ValueError unless ``out``, which a routine of ``x`` writes, has x's shape and is x itself or does not overlap
     it."""
@@ -974,6 +982,7 @@ def _table(params, table, sizes, dtype, prefix=""):
         expected = tuple(sizes[axis] if isinstance(axis, str) else axis for axis in axes)
         if prefix + name not in params:
             raise ValueError(f"missing parameter {prefix + name!r} of shape {expected}")
+        _unmasked(f"parameter {prefix + name!r}", params[prefix + name])
         value = np.asarray(params[prefix + name])
         if value.dtype.kind not in "fiu":  # floating or integer (np.issubdtype's answer, 10× faster)
             raise ValueError(f"parameter {prefix + name!r} has dtype {value.dtype}, expected a real floating type")
@@ -988,6 +997,7 @@ def _table(params, table, sizes, dtype, prefix=""):
 
 def _input(name, value):
     """``value`` as a float32 or float64 array (batch, channels, height, width), checked before any work."""
+    _unmasked(name, value)
     array = np.asarray(value)
     array = array.astype(array.dtype.newbyteorder("="), copy=False)  # big-endian data (a file's) in this machine's order
     if array.dtype not in (np.float32, np.float64):

@@ -17,9 +17,11 @@ __all__ = ["exact_number", "MAX_TERM"]
 
 MAX_TERM = 10**9
 _MAX_EXPONENT = 40
-_NUMBER = re.compile(r"[+-]?(?:\d{1,30}(?:\.\d{0,30})?|\.\d{1,30})(?:[eE][+-]?\d{1,9})?|[+-]?\d{1,30}/\d{1,30}")
+#: ASCII digits only (``re.ASCII``): Python reads other scripts' digits ("١/٢", a fullwidth "２") as numbers, which
+#: the documented forms, a decimal or p/q, are not.
+_NUMBER = re.compile(r"[+-]?(?:\d{1,30}(?:\.\d{0,30})?|\.\d{1,30})(?:[eE][+-]?\d{1,9})?|[+-]?\d{1,30}/\d{1,30}", re.ASCII)
 #: A number written with more digits than ``_NUMBER`` reads: out of range, not "not a number".
-_LONG_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?|[+-]?\d+/\d+")
+_LONG_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?|[+-]?\d+/\d+", re.ASCII)
 
 
 def exact_number(value: object) -> sp.Rational:

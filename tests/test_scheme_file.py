@@ -1,6 +1,7 @@
 """Scheme files: the built-ins round-trip, every malformed file ends in one clear error."""
 
 import tomllib
+from fractions import Fraction
 
 import pytest
 import sympy as sp
@@ -196,6 +197,17 @@ def test_exact_numbers_up_to_the_largest_term(text, accepted):
     else:
         with pytest.raises(ValueError, match="is out of range"):
             exact_number(text)
+
+
+@pytest.mark.parametrize("text", ["١/٢", "２", "1/２", "0.٥", "1e٣"])
+def test_a_number_is_written_in_ascii_digits(text):
+    """Python reads other scripts' digits as numbers (``Fraction("١/٢") == 1/2``); a scheme file's number is a decimal
+    or p/q in ASCII digits, as documented (a hostile tester's Arabic-Indic and fullwidth digits were read as 1/2 and 2).
+    Control: the same numbers in ASCII digits are read."""
+    with pytest.raises(ValueError, match="not a number"):
+        exact_number(text)
+    ascii_text = text.translate({ord(c): str(int(c)) for c in text if c.isdigit() and not c.isascii()})
+    assert exact_number(ascii_text) == sp.Rational(Fraction(ascii_text))
 
 
 @pytest.mark.parametrize("text", ["9" * 30 + "." + "1" * 20, "7" * 30 + "/" + "3" * 25, "x" * 60])

@@ -12,6 +12,8 @@ import weakref
 
 import torch
 
+from .checks import _epsilon
+
 
 def _allowed(support):
     """Where a support (bool, or a float log-weight with −inf outside) is nonzero; a NaN weight is inside, so that
@@ -90,6 +92,13 @@ def _values_choose(x) -> bool:
     torch.export or an ONNX export records the call (one graph for every input), nor off the CPU (reading the
     value would make the host wait for the device)."""
     return not (_recorded() or x.device.type != "cpu")
+
+
+@torch.jit.unused
+def _eps_as_set(eps: float) -> float:
+    """A module's ``eps`` by its constructor's rule (``_epsilon``): a value assigned since it was built (a string,
+    ``True``, which computed with ε = 1, −5) is refused in the constructor's words, before any work."""
+    return _epsilon(eps)
 
 
 @torch.jit.unused

@@ -334,6 +334,31 @@ def test_a_masked_array_is_refused_by_name_where_its_mask_would_be_ignored(modul
     assert not np.allclose(module.forward(hidden, *args[1:], params, **options), module.forward(*args, params, **options))
 
 
+@pytest.mark.parametrize("value, error, message", [("1e-5", TypeError, "eps must be a real number, got str"),
+                                                   (True, TypeError, "eps must be a real number, got bool"),
+                                                   (-5.0, ValueError, "eps must be finite and >= 0, got -5.0")])
+@pytest.mark.parametrize("kind", ["Block", "Stack"])
+def test_an_eps_set_after_construction_is_checked_by_the_constructors_rule(kind, value, error, message, rng):
+    """``block.eps = True`` computed with ε = 1 (the constructor refuses a bool) and ``"1e-5"`` gave a bare comparison
+    error (a hostile tester): forward refuses them in the constructor's words, the Stack's final norm too, a script
+    still runs; control: the constructor's own refusal is the same, and eps set back to a float computes again."""
+    _, torch_module = _modules("post_ln")
+    module = torch_module.Block(8, 2, 12, dtype=torch.float64) if kind == "Block" else \
+        torch_module.Stack(2, 8, 2, 12, dtype=torch.float64, final_norm=True)
+    u = torch.from_numpy(rng.normal(size=(2, 5, 8)))
+    before = module(u)
+    with pytest.raises(error, match=f"^{message}$"):
+        torch_module.Block(8, 2, 12, eps=value)
+    module.eps = value
+    if kind == "Stack":
+        module.layers[0].eps = module.layers[1].eps = 1e-5  # the final norm's alone
+    with pytest.raises(error, match=f"^{message}$"):
+        module(u)
+    module.eps = 1e-5
+    assert torch.equal(module(u), before)
+    assert torch.allclose(torch.jit.script(module)(u), before, rtol=0, atol=1e-12)  # a script's own kernels
+
+
 # --- the meta device --------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name, options", [("post_ln", {"key_padding_mask": torch.zeros(2, 3, dtype=torch.bool)}),

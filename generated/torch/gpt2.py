@@ -179,6 +179,13 @@ def _values_choose(x) -> bool:
 
 
 @torch.jit.unused
+def _eps_as_set(eps: float) -> float:
+    """A module's ``eps`` by its constructor's rule (``_epsilon``): a value assigned since it was built (a string,
+    ``True``, which computed with ε = 1, −5) is refused in the constructor's words, before any work."""
+    return _epsilon(eps)
+
+
+@torch.jit.unused
 def _recorded() -> bool:
     """Whether a trace, torch.compile or an export records the call (one graph for every input)."""
     return torch.jit.is_tracing() or torch.compiler.is_compiling() or _exported()
@@ -1440,7 +1447,9 @@ class Block(_CanonicalModule):
         if self.n_heads < 1 or d % self.n_heads:  # checked when built; a value set since here
             raise ValueError(f"n_heads = {self.n_heads} set after construction does not divide d_model = {d}")
         n_heads, d_head, d_ff, eps = self.n_heads, d // self.n_heads, self.d_ff, self.eps
-        if not 0.0 <= eps < float("inf"):  # checked when built; a value set since (a tester's −5 gave NaN) here
+        if not torch.jit.is_scripting() and not _recorded():  # checked when built; a value set since (−5 gave NaN) here
+            eps = _eps_as_set(eps)
+        if not 0.0 <= eps < float("inf"):  # the same, where a script or a trace runs
             raise ValueError(f"eps must be finite and >= 0, got {eps}")
         offset = _cached_tokens(cache, causal or is_causal, u0.shape[0], u0.dtype)
         live, cache = cache, None if cache is None else cache.copy()  # extended here, stored back once the step succeeded
@@ -1615,7 +1624,9 @@ class Stack(_CanonicalModule):
 
     def _final_norm(self, u0: torch.Tensor) -> torch.Tensor:
         eps = self.eps
-        if not 0.0 <= eps < float("inf"):  # checked when built; a value set since here
+        if not torch.jit.is_scripting() and not _recorded():  # checked when built; a value set since here
+            eps = _eps_as_set(eps)
+        if not 0.0 <= eps < float("inf"):  # the same, where a script or a trace runs
             raise ValueError(f"eps must be finite and >= 0, got {eps}")
         final_norm_gain = self.final_norm.gain
         final_norm_bias = self.final_norm.bias

@@ -338,6 +338,7 @@ def test_a_masked_array_is_refused_by_name_where_its_mask_would_be_ignored(modul
                                                    (True, TypeError, "eps must be a real number, got bool"),
                                                    (-5.0, ValueError, "eps must be finite and >= 0, got -5.0")])
 @pytest.mark.parametrize("kind", ["Block", "Stack"])
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")  # torch 2.13; still works
 def test_an_eps_set_after_construction_is_checked_by_the_constructors_rule(kind, value, error, message, rng):
     """``block.eps = True`` computed with ε = 1 (the constructor refuses a bool) and ``"1e-5"`` gave a bare comparison
     error (a hostile tester): forward refuses them in the constructor's words, the Stack's final norm too, a script

@@ -19,7 +19,8 @@ MAX_TERM = 10**9
 _MAX_EXPONENT = 40
 #: ASCII digits only (``re.ASCII``): Python reads other scripts' digits ("١/٢", a fullwidth "２") as numbers, which
 #: the documented forms, a decimal or p/q, are not.
-_NUMBER = re.compile(r"[+-]?(?:\d{1,30}(?:\.\d{0,30})?|\.\d{1,30})(?:[eE][+-]?\d{1,9})?|[+-]?\d{1,30}/\d{1,30}", re.ASCII)
+_NUMBER = re.compile(r"[+-]?(?:\d{1,30}(?:\.\d{0,30})?|\.\d{1,30})(?:[eE][+-]?\d{1,9})?|[+-]?\d{1,30}/\d{1,30}",
+                     re.ASCII)
 #: A number written with more digits than ``_NUMBER`` reads: out of range, not "not a number".
 _LONG_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?|[+-]?\d+/\d+", re.ASCII)
 

@@ -43,8 +43,8 @@ def _convolution(window: Window, op: Contraction, module: Module) -> Convolution
     channels_last = op.labels == (BATCH, p, q, out) and not depthwise
     if (op.labels != (BATCH, out, p, q) and not channels_last) or bias is False:
         return None
-    return Convolution(op.out, op.labels, window.read_in(op.comment), op.section, x=window.source, weight=weight.name, bias=bias,
-                       size=window.size, stride=window.stride, padding=window.padding, depthwise=depthwise,
+    return Convolution(op.out, op.labels, window.read_in(op.comment), op.section, x=window.source, weight=weight.name,
+                       bias=bias, size=window.size, stride=window.stride, padding=window.padding, depthwise=depthwise,
                        channels_last=channels_last)
 
 

@@ -1578,7 +1578,8 @@ class Block(_CanonicalModule):
             raise ValueError(f"n_heads = {self.n_heads}, n_kv_heads = {self.n_kv_heads} set after construction: the Block's parameters "
                              f"have the shapes of n_heads = {self._built_heads}, n_kv_heads = {self._built_kv_heads}; build a new Block")
         n_heads, d_head, d_ff, eps = self.n_heads, d // self.n_heads, self.d_ff, self.eps
-        if not torch.jit.is_scripting() and not _recorded():  # checked when built; a value set since (−5 gave NaN) here
+        # checked when built; a value set since (−5 gave NaN, True computed with ε = 1) here, in eager mode
+        if not torch.jit.is_scripting() and not _recorded():
             eps = _eps_as_set(eps)
         if not 0.0 <= eps < float("inf"):  # the same, where a script or a trace runs
             raise ValueError(f"eps must be finite and >= 0, got {eps}")

@@ -1222,7 +1222,8 @@ class Block(_CanonicalModule):
         if self.n_heads < 1 or d % self.n_heads:  # checked when built; a value set since here
             raise ValueError(f"n_heads = {self.n_heads} set after construction does not divide d_model = {d}")
         n_heads, d_head, d_ff, eps = self.n_heads, d // self.n_heads, self.d_ff, self.eps
-        if not torch.jit.is_scripting() and not _recorded():  # checked when built; a value set since (−5 gave NaN) here
+        # checked when built; a value set since (−5 gave NaN, True computed with ε = 1) here, in eager mode
+        if not torch.jit.is_scripting() and not _recorded():
             eps = _eps_as_set(eps)
         if not 0.0 <= eps < float("inf"):  # the same, where a script or a trace runs
             raise ValueError(f"eps must be finite and >= 0, got {eps}")

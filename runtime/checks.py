@@ -33,7 +33,7 @@ def _size(axis, params, table, shape):
 
 
 def _integer(name, value, minimum):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    if type(value) is not int and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):  # an int: fast
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
@@ -44,17 +44,26 @@ def _finite(value):
     """Whether the real ``value`` is a finite float: NaN is not, nor an int past float's range (float() overflows).
     A NumPy float32 is widened first: compared with the largest float64 as it is, that bound overflows float32."""
     try:
-        return abs(value if isinstance(value, numbers.Integral) else float(value)) <= _LARGEST_FLOAT
+        exact = type(value) is not float and isinstance(value, numbers.Integral)  # a float: fast
+        return abs(value if exact else float(value)) <= _LARGEST_FLOAT
     except OverflowError:  # a Fraction past float's range
         return False
 
 
 def _epsilon(eps):
-    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
+    if type(eps) is not float and (isinstance(eps, bool) or not isinstance(eps, numbers.Real)):  # a float: fast
         raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
     if not (_finite(eps) and eps >= 0):
         raise ValueError(f"eps must be finite and >= 0, got {eps}")
     return float(eps)
+
+
+def _dropout_rate(dropout):
+    if type(dropout) is not float and (isinstance(dropout, bool) or not isinstance(dropout, numbers.Real)):
+        raise TypeError(f"dropout must be a real number, got {type(dropout).__name__}")
+    if not 0.0 <= dropout <= 1.0:
+        raise ValueError(f"dropout must lie in [0, 1], got {dropout}")
+    return float(dropout)
 
 
 def _mapping(name, value):

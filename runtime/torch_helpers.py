@@ -12,7 +12,7 @@ import weakref
 
 import torch
 
-from .checks import _epsilon
+from .checks import _dropout_rate, _epsilon, _flag, _integer
 
 
 def _allowed(support):
@@ -99,6 +99,25 @@ def _eps_as_set(eps: float) -> float:
     """A module's ``eps`` by its constructor's rule (``_epsilon``): a value assigned since it was built (a string,
     ``True``, which computed with ε = 1, −5) is refused in the constructor's words, before any work."""
     return _epsilon(eps)
+
+
+@torch.jit.unused
+def _block_as_set(block) -> float:
+    """A Block's settings by its constructor's rules, where one was assigned since it was built (``batch_first = "no"``
+    was read as True, ``n_heads = 2.0`` reached torch's view, ``eps = True`` computed with ε = 1), refused in the
+    constructor's words before any work; the sizes its parameters were built with (``_as_built``) must stay. Returns
+    ``eps``."""
+    _integer("n_heads", block.n_heads, 1)
+    if hasattr(block, "n_kv_heads"):
+        _integer("n_kv_heads", block.n_kv_heads, 1)
+    _flag("batch_first", block.batch_first)
+    _dropout_rate(block.dropout)
+    for name, built in block._as_built:
+        value = getattr(block, name)
+        if type(value) is not type(built) or value != built:
+            raise ValueError(f"{name} = {value!r} set after construction: the Block's parameters were built with "
+                             f"{name} = {built!r}; build a new Block")
+    return _epsilon(block.eps)
 
 
 @torch.jit.unused

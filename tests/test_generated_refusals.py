@@ -360,6 +360,46 @@ def test_an_eps_set_after_construction_is_checked_by_the_constructors_rule(kind,
     assert torch.allclose(torch.jit.script(module)(u), before, rtol=0, atol=1e-12)  # a script's own kernels
 
 
+@pytest.mark.parametrize("name, setting, value, error, message", [
+    ("post_ln", "batch_first", "no", TypeError, "batch_first must be a bool, got str"),
+    ("post_ln", "n_heads", 2.0, TypeError, "n_heads must be an int, got float"),
+    ("post_ln", "dropout", "0.1", TypeError, "dropout must be a real number, got str"),
+    ("post_ln", "dropout", 2.0, ValueError, r"dropout must lie in \[0, 1\], got 2.0"),
+    ("post_ln", "d_ff", 24, ValueError, "d_ff = 24 set after construction: the Block's parameters were built with "
+                                        "d_ff = 12; build a new Block"),
+    ("post_ln", "d_model", 16, ValueError, "d_model = 16 set after construction: the Block's parameters were built "
+                                           "with d_model = 8; build a new Block"),
+    ("post_ln", "bias", False, ValueError, "bias = False set after construction: the Block's parameters were built "
+                                           "with bias = True; build a new Block"),
+    ("llama", "n_kv_heads", 1.0, TypeError, "n_kv_heads must be an int, got float")])
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")  # torch 2.13; still works
+def test_a_setting_assigned_after_construction_is_checked_by_the_constructors_rule(name, setting, value, error,
+                                                                                   message, rng):
+    """A hostile tester's finding: ``block.batch_first = "no"`` was read as True, ``n_heads = 2.0`` reached torch's
+    ``view`` (naming no argument), ``dropout = "0.1"`` was taken in eval mode, and a size the parameters were built
+    with could be changed under them. Forward refuses each in the constructor's words (a Stack's layers too), before
+    any work; control: the constructor's own refusal is the same where it has one, the setting put back computes as
+    before, and a script of the Block still runs."""
+    _, torch_module = _modules(name)
+    block = torch_module.Block(8, 2, 12, dtype=torch.float64)
+    stack = torch_module.Stack(2, 8, 2, 12, dtype=torch.float64)
+    u = torch.from_numpy(rng.normal(size=(2, 5, 8)))
+    before = block(u)
+    if setting in ("batch_first", "n_heads", "dropout", "n_kv_heads"):
+        with pytest.raises(error, match=f"^{message}$"):
+            torch_module.Block(**{"d_model": 8, "n_heads": 2, "d_ff": 12, setting: value})
+    built = getattr(block, setting)
+    setattr(block, setting, value)
+    setattr(stack.layers[1], setting, value)
+    with pytest.raises(error, match=f"^{message}$"):
+        block(u)
+    with pytest.raises(error, match=f"^{message}$"):
+        stack(u)
+    setattr(block, setting, built)
+    assert torch.equal(block(u), before)
+    assert torch.allclose(torch.jit.script(block)(u), before, rtol=0, atol=1e-12)  # a script's own kernels
+
+
 # --- the meta device --------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name, options", [("post_ln", {"key_padding_mask": torch.zeros(2, 3, dtype=torch.bool)}),
@@ -509,10 +549,15 @@ def test_heads_set_after_construction_are_checked_when_called(n_heads):
     with torch.no_grad():
         before = plain(u)
         grouped.n_heads = plain.n_heads = n_heads
+        if n_heads < 1:  # the constructor's rule
+            for block in (grouped, plain):
+                with pytest.raises(ValueError, match=f"^n_heads must be >= 1, got {n_heads}$"):
+                    block(u)
+            return
         with pytest.raises(ValueError, match=f"n_heads = {n_heads}, n_kv_heads = 2 set after construction: the "
                                              r"Block's parameters have the shapes of n_heads = 4, n_kv_heads = 2"):
             grouped(u)
-        if n_heads > 0 and 32 % n_heads == 0:
+        if 32 % n_heads == 0:
             assert (plain(u) - before).abs().max() > 1e-4
         else:
             with pytest.raises(ValueError, match=f"n_heads = {n_heads} set after construction does not divide "

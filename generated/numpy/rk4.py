@@ -569,7 +569,8 @@ def _finite(value):
     """Whether the real ``value`` is a finite float: NaN is not, nor an int past float's range (float() overflows).
     A NumPy float32 is widened first: compared with the largest float64 as it is, that bound overflows float32."""
     try:
-        return abs(value if isinstance(value, numbers.Integral) else float(value)) <= _LARGEST_FLOAT
+        exact = type(value) is not float and isinstance(value, numbers.Integral)  # a float: fast
+        return abs(value if exact else float(value)) <= _LARGEST_FLOAT
     except OverflowError:  # a Fraction past float's range
         return False
 

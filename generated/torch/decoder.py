@@ -218,6 +218,25 @@ def _eps_as_set(eps: float) -> float:
 
 
 @torch.jit.unused
+def _block_as_set(block) -> float:
+    """A Block's settings by its constructor's rules, where one was assigned since it was built (``batch_first = "no"``
+    was read as True, ``n_heads = 2.0`` reached torch's view, ``eps = True`` computed with ε = 1), refused in the
+    constructor's words before any work; the sizes its parameters were built with (``_as_built``) must stay. Returns
+    ``eps``."""
+    _integer("n_heads", block.n_heads, 1)
+    if hasattr(block, "n_kv_heads"):
+        _integer("n_kv_heads", block.n_kv_heads, 1)
+    _flag("batch_first", block.batch_first)
+    _dropout_rate(block.dropout)
+    for name, built in block._as_built:
+        value = getattr(block, name)
+        if type(value) is not type(built) or value != built:
+            raise ValueError(f"{name} = {value!r} set after construction: the Block's parameters were built with "
+                             f"{name} = {built!r}; build a new Block")
+    return _epsilon(block.eps)
+
+
+@torch.jit.unused
 def _recorded() -> bool:
     """Whether a trace, torch.compile or an export records the call (one graph for every input)."""
     return torch.jit.is_tracing() or torch.compiler.is_compiling() or _exported()
@@ -794,7 +813,7 @@ def _as_read(params, *target, name="params"):
 
 
 def _integer(name, value, minimum):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    if type(value) is not int and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):  # an int: fast
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
@@ -805,22 +824,37 @@ def _finite(value):
     """Whether the real ``value`` is a finite float: NaN is not, nor an int past float's range (float() overflows).
     A NumPy float32 is widened first: compared with the largest float64 as it is, that bound overflows float32."""
     try:
-        return abs(value if isinstance(value, numbers.Integral) else float(value)) <= _LARGEST_FLOAT
+        exact = type(value) is not float and isinstance(value, numbers.Integral)  # a float: fast
+        return abs(value if exact else float(value)) <= _LARGEST_FLOAT
     except OverflowError:  # a Fraction past float's range
         return False
 
 
 def _epsilon(eps):
-    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
+    if type(eps) is not float and (isinstance(eps, bool) or not isinstance(eps, numbers.Real)):  # a float: fast
         raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
     if not (_finite(eps) and eps >= 0):
         raise ValueError(f"eps must be finite and >= 0, got {eps}")
     return float(eps)
 
 
+def _dropout_rate(dropout):
+    if type(dropout) is not float and (isinstance(dropout, bool) or not isinstance(dropout, numbers.Real)):
+        raise TypeError(f"dropout must be a real number, got {type(dropout).__name__}")
+    if not 0.0 <= dropout <= 1.0:
+        raise ValueError(f"dropout must lie in [0, 1], got {dropout}")
+    return float(dropout)
+
+
 def _mapping(name, value):
     if not isinstance(value, Mapping):
         raise TypeError(f"{name} must be a mapping of canonical names to arrays, got {type(value).__name__}")
+    return value
+
+
+def _flag(name, value):
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
     return value
 
 
@@ -1686,17 +1720,14 @@ class Block(_CanonicalModule):
             raise ValueError(f"d_model = {d_model} is not divisible by n_heads = {n_heads}")
         eps, dtype = _epsilon(eps), _floating(dtype)
         for name, flag in (("bias", bias), ("batch_first", batch_first)):
-            if not isinstance(flag, bool):
-                raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
-        if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real):
-            raise TypeError(f"dropout must be a real number, got {type(dropout).__name__}")
-        if not 0.0 <= dropout <= 1.0:
-            raise ValueError(f"dropout must lie in [0, 1], got {dropout}")
+            _flag(name, flag)
         if backward not in ("autograd", "derived"):
             raise ValueError(f"backward must be 'autograd' or 'derived', got {backward!r}")
         self.backward_mode = backward
         self.d_model, self.n_heads, self.d_ff, self.eps, self.bias = d_model, n_heads, d_ff, eps, bias
-        self.dropout, self.batch_first = float(dropout), batch_first
+        self.dropout, self.batch_first = _dropout_rate(dropout), batch_first
+        # what the parameters' shapes follow: checked when called
+        self._as_built = (("d_model", d_model), ("d_ff", d_ff), ("bias", bias))
         sizes = {"d": d_model, "d_ff": d_ff}
         _register(self, PARAMETERS, sizes, bias, {"device": device, "dtype": dtype})
         _side_by_side(self, _SIDE_BY_SIDE)
@@ -1780,6 +1811,11 @@ class Block(_CanonicalModule):
             raise TypeError(f"memory_is_causal must be a bool, got {type(memory_is_causal).__name__}")
         if memory_is_causal and memory_mask is None:  # torch's hint that memory_mask is causal: the mask computes
             raise ValueError("memory_is_causal=True says that memory_mask is causal: give memory_mask")
+        eps = self.eps
+        if not torch.jit.is_scripting() and not _recorded():  # checked when built; a setting assigned since, here
+            eps = _block_as_set(self)
+        if not 0.0 <= eps < float("inf"):  # the same, where a script or a trace runs
+            raise ValueError(f"eps must be finite and >= 0, got {eps}")
         if u.dim() not in (2, 3) or u.shape[-1] != self.d_model:
             layout = "batch, tokens" if self.batch_first else "tokens, batch"
             raise ValueError(f"u must have shape ({layout}, {self.d_model}) or (tokens, {self.d_model}), got {list(u.shape)}")
@@ -1796,12 +1832,7 @@ class Block(_CanonicalModule):
         batch, n_tokens, d = u0.shape[0], u0.shape[1], u0.shape[2]
         if self.n_heads < 1 or d % self.n_heads:  # checked when built; a value set since here
             raise ValueError(f"n_heads = {self.n_heads} set after construction does not divide d_model = {d}")
-        n_heads, d_head, d_ff, eps = self.n_heads, d // self.n_heads, self.d_ff, self.eps
-        # checked when built; a value set since (−5 gave NaN, True computed with ε = 1) here, in eager mode
-        if not torch.jit.is_scripting() and not _recorded():
-            eps = _eps_as_set(eps)
-        if not 0.0 <= eps < float("inf"):  # the same, where a script or a trace runs
-            raise ValueError(f"eps must be finite and >= 0, got {eps}")
+        n_heads, d_head, d_ff = self.n_heads, d // self.n_heads, self.d_ff
         offset = _cached_tokens(cache, causal or is_causal, u0.shape[0], u0.dtype)
         live, cache = cache, None if cache is None else cache.copy()  # extended here, stored back once the step succeeded
         dropout_p = self.dropout if self.training else 0.0
@@ -1976,8 +2007,7 @@ class Stack(_CanonicalModule):
         super().__init__()
         n_layers = _integer("n_layers", n_layers, 1)
         for name, flag in (("tied", tied), ("final_norm", final_norm)):
-            if not isinstance(flag, bool):
-                raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
+            _flag(name, flag)
         blocks = [
             Block(d_model, n_heads, d_ff, eps=eps, bias=bias, dropout=dropout, batch_first=batch_first,
                   device=device, dtype=dtype, backward=backward)

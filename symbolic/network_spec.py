@@ -20,7 +20,7 @@ from .builtins import builtin_names, is_network, network_names, network_summary,
 from .errors import SplitformerError
 from .kinds import OPERATOR_KINDS
 from .operators import Operator
-from .scheme import Scheme, checked_activation
+from .scheme import Scheme
 from .names import check_line, check_operator_name, check_scheme_name
 from .scheme_file import NETWORK_FIELDS, load_scheme, parse_scheme, read_source, scheme_path
 from .toml_text import toml_value
@@ -346,12 +346,11 @@ def parse_network(text: str, where: str, folder: Path | None = None) -> NetworkS
     except SplitformerError as error:
         raise SplitformerError(f"{where}: steps.scheme: {error}") from None
     scheme = _one_layer_at_a_time(scheme, where)
-    if "activation" in steps:  # a scheme without activated operators has none to set: the name is checked only
+    if "activation" in steps:  # refused where no operator takes it, as `derive --activation` refuses it
         try:
-            activation = checked_activation(steps["activation"])
+            scheme = scheme.with_activation(steps["activation"])
         except SplitformerError as error:
             raise SplitformerError(f"{where}: steps.activation: {error}") from None
-        scheme = scheme.with_activation(activation) if scheme.activated() else scheme
     final_norm = steps.get("final_norm", scheme.final_norm)
     if not isinstance(final_norm, bool):
         raise SplitformerError(f"{where}: steps.final_norm: expected true or false")

@@ -213,8 +213,10 @@ class Scheme:
         does (each names its own), since the module would be named for an activation it does not compute."""
         checked_activation(name)
         if name != self.activation and not self.reads_activation():
+            why = "each activated operator names its own in its options" if self.activated() else \
+                "it has no activated operator"
             raise SplitformerError(f"activation {name!r}: no operator of scheme {self.name!r} takes the scheme's "
-                                   "activation (each activated operator names its own in its options)")
+                                   f"activation ({why})")
         return replace(self, activation=name)
 
     def as_causal(self) -> "Scheme":

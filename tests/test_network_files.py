@@ -382,7 +382,9 @@ def test_a_vit_stepping_another_encoder_scheme_runs_and_is_checked(tmp_path, sch
     if "\n" in scheme:
         (tmp_path / "steps.toml").write_text(scheme)
         scheme = "steps.toml"
-    spec = load_network(_copy(tmp_path, "vit", "vit-other", ('scheme = "pre-ln"', f'scheme = "{scheme}"')))
+    # vit's activation = "gelu" goes: attention-only and paper-lie have no activated operator (refused)
+    spec = load_network(_copy(tmp_path, "vit", "vit-other",
+                              ('scheme = "pre-ln"\nactivation = "gelu"', f'scheme = "{scheme}"')))
     final = {name for name in splitformer.derive(spec).numpy_module().PARAMETERS if name.startswith("final_norm.")}
     assert final == ({"final_norm.gain"} if "rms" in spec.scheme.name else {"final_norm.gain", "final_norm.bias"})
     (check,) = network_semantics.network_semantics_checks(spec)
@@ -438,6 +440,28 @@ def test_an_unknown_field_of_the_steps_is_refused(tmp_path, capsys, field):
     assert main(["derive", str(path), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert f"steps: unknown field '{field.split(' ')[0]}'" in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("activation, refused", [("gelu", True), ("relu", False)])
+def test_an_activation_for_a_step_scheme_without_activated_operators_is_refused(tmp_path, capsys, activation, refused):
+    """``activation = "gelu"`` in ``[steps]`` of a scheme no operator of which is activated was ignored (the network
+    computed no GELU); refused as ``derive --activation`` refuses it. Control: the scheme's own activation (its
+    default, relu) is no change, and derives."""
+    (tmp_path / "mixer.toml").write_text(
+        'name = "mixer"\nsummary = "attention and LayerNorm only"\n[operators]\nattn = "attention"\n'
+        'norm = "layer-norm"\n[[steps]]\noperator = "attn"\nsolver = "explicit"\n'
+        '[[steps]]\noperator = "norm"\nsolver = "projection"\n', encoding="utf-8")
+    path = _copy(tmp_path, "vit", "vit-mixer", ('scheme = "pre-ln"\nactivation = "gelu"',
+                                                f'scheme = "mixer.toml"\nactivation = "{activation}"'))
+    code = main(["derive", str(path), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    if not refused:
+        assert code == 0, err
+        return
+    assert code == 2 and err.count("\n") == 1, err
+    assert ("steps.activation: activation 'gelu': no operator of scheme 'mixer' takes the scheme's activation (it has "
+            "no activated operator)") in err, err
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("table, anchor", [("embedding", 'kind = "patch-embedding"'),
@@ -536,7 +560,7 @@ def test_a_vit_stepping_a_scheme_without_parameters_is_refused_in_one_line(tmp_p
     step = ('name = "mean-step"\nsummary = "s"\n[operators]\nf = "support-sum"\n'
             '[[steps]]\noperator = "f"\nsolver = "explicit"\n')
     (tmp_path / "steps.toml").write_text(step)
-    path = _copy(tmp_path, "vit", "vit-mean", ('scheme = "pre-ln"', 'scheme = "steps.toml"'))
+    path = _copy(tmp_path, "vit", "vit-mean", ('scheme = "pre-ln"\nactivation = "gelu"', 'scheme = "steps.toml"'))
     assert main(["derive", "--load", plugin, str(path), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "steps.scheme: 'mean-step' has no parameter" in err, err

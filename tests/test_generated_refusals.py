@@ -400,6 +400,26 @@ def test_a_setting_assigned_after_construction_is_checked_by_the_constructors_ru
     assert torch.allclose(torch.jit.script(block)(u), before, rtol=0, atol=1e-12)  # a script's own kernels
 
 
+@pytest.mark.parametrize("name, keyword", [("post_ln", "src_mask"), ("decoder", "tgt_mask"),
+                                           ("decoder", "memory_mask")])
+def test_torchs_per_head_mask_is_refused_saying_what_to_give(name, keyword, rng):
+    """torch's 3-D masks are per batch entry and head, (batch·heads, tokens, keys); a Block takes one per batch entry,
+    and said only which shapes it takes: it says why now. Control: a (batch, tokens, keys) mask computes, and a 3-D
+    mask whose first axis is no multiple of the batch gets the shapes alone."""
+    _, torch_module = _modules(name)
+    block = torch_module.Block(8, 2, 12, dtype=torch.float64)
+    u = torch.from_numpy(rng.normal(size=(3, 4, 8)))
+    memory = (torch.from_numpy(rng.normal(size=(3, 4, 8))),) if name == "decoder" else ()
+    with pytest.raises(ValueError, match=r"^" + keyword + r" must be bool or float of shape \[4, 4\] or \[3, 4, 4\], "
+                                         r"got torch.bool \[6, 4, 4\]; torch's per-head 3-D masks \(batch·heads, "
+                                         r"tokens, keys\) are not taken: give one mask per batch entry, the same for "
+                                         r"every head$"):
+        block(u, *memory, **{keyword: torch.zeros(6, 4, 4, dtype=torch.bool)})
+    with pytest.raises(ValueError, match=r"got torch.bool \[5, 4, 4\]$"):
+        block(u, *memory, **{keyword: torch.zeros(5, 4, 4, dtype=torch.bool)})
+    assert block(u, *memory, **{keyword: torch.zeros(3, 4, 4, dtype=torch.bool)}).shape == u.shape
+
+
 # --- the meta device --------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name, options", [("post_ln", {"key_padding_mask": torch.zeros(2, 3, dtype=torch.bool)}),

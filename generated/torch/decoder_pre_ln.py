@@ -597,7 +597,14 @@ def _check_mask(name: str, mask, shapes: list[list[int]]):
         known = known or list(mask.shape) == shape
     if not (mask.dtype == torch.bool or mask.is_floating_point()) or not known:
         expected = " or ".join([str(shape) for shape in shapes])
-        raise ValueError(f"{name} must be bool or float of shape {expected}, got {mask.dtype} {list(mask.shape)}")
+        batch = shapes[-1][0]
+        per_head = ""
+        if len(shapes[-1]) == 3 and mask.dim() == 3 and batch > 0 and mask.shape[0] > batch \
+            and mask.shape[0] % batch == 0:
+            per_head = ("; torch's per-head 3-D masks (batch·heads, tokens, keys) are not taken: give one mask per "
+                        "batch entry, the same for every head")
+        raise ValueError(f"{name} must be bool or float of shape {expected}, got {mask.dtype} {list(mask.shape)}"
+                         + per_head)
 
 
 def _first_order_only():

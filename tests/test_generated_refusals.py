@@ -367,10 +367,14 @@ def test_an_eps_set_after_construction_is_checked_by_the_constructors_rule(kind,
     ("post_ln", "dropout", 2.0, ValueError, r"dropout must lie in \[0, 1\], got 2.0"),
     ("post_ln", "d_ff", 24, ValueError, "d_ff = 24 set after construction: the Block's parameters were built with "
                                         "d_ff = 12; build a new Block"),
+    ("post_ln", "d_ff", 12.0, ValueError, "d_ff = 12.0 set after construction: the Block's parameters were built "
+                                          "with d_ff = 12; build a new Block"),
     ("post_ln", "d_model", 16, ValueError, "d_model = 16 set after construction: the Block's parameters were built "
                                            "with d_model = 8; build a new Block"),
     ("post_ln", "bias", False, ValueError, "bias = False set after construction: the Block's parameters were built "
                                            "with bias = True; build a new Block"),
+    ("post_ln", "bias", 1, ValueError, "bias = 1 set after construction: the Block's parameters were built with "
+                                       "bias = True; build a new Block"),
     ("llama", "n_kv_heads", 1.0, TypeError, "n_kv_heads must be an int, got float")])
 @pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")  # torch 2.13; still works
 def test_a_setting_assigned_after_construction_is_checked_by_the_constructors_rule(name, setting, value, error,
@@ -398,6 +402,9 @@ def test_a_setting_assigned_after_construction_is_checked_by_the_constructors_ru
     setattr(block, setting, built)
     assert torch.equal(block(u), before)
     assert torch.allclose(torch.jit.script(block)(u), before, rtol=0, atol=1e-12)  # a script's own kernels
+    if setting in ("d_model", "d_ff"):  # NumPy's int is an int
+        setattr(block, setting, np.int64(built))
+        assert torch.equal(block(u), before)
 
 
 @pytest.mark.parametrize("name, keyword", [("post_ln", "src_mask"), ("decoder", "tgt_mask"),

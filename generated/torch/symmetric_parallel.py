@@ -197,7 +197,8 @@ def _block_as_set(block) -> float:
     _dropout_rate(block.dropout)
     for name, built in block._as_built:
         value = getattr(block, name)
-        if type(value) is not type(built) or value != built:
+        integral = isinstance(value, numbers.Integral) and isinstance(value, bool) == isinstance(built, bool)
+        if not integral or value != built:  # np.int64(512) is 512; 512.0, and 1 for True, are not
             raise ValueError(f"{name} = {value!r} set after construction: the Block's parameters were built with "
                              f"{name} = {built!r}; build a new Block")
     return _epsilon(block.eps)

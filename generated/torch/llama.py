@@ -820,17 +820,20 @@ def _finite(value):
         return False
 
 
+def _real(name, value):
+    if type(value) is not float and (isinstance(value, bool) or not isinstance(value, numbers.Real)):  # a float: fast
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
+
+
 def _epsilon(eps):
-    if type(eps) is not float and (isinstance(eps, bool) or not isinstance(eps, numbers.Real)):  # a float: fast
-        raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
+    _real("eps", eps)
     if not (_finite(eps) and eps >= 0):
         raise ValueError(f"eps must be finite and >= 0, got {eps}")
     return float(eps)
 
 
 def _dropout_rate(dropout):
-    if type(dropout) is not float and (isinstance(dropout, bool) or not isinstance(dropout, numbers.Real)):
-        raise TypeError(f"dropout must be a real number, got {type(dropout).__name__}")
+    _real("dropout", dropout)
     if not 0.0 <= dropout <= 1.0:
         raise ValueError(f"dropout must lie in [0, 1], got {dropout}")
     return float(dropout)

@@ -177,9 +177,13 @@ def _finite(value):
         return False
 
 
+def _real(name, value):
+    if type(value) is not float and (isinstance(value, bool) or not isinstance(value, numbers.Real)):  # a float: fast
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
+
+
 def _epsilon(eps):
-    if type(eps) is not float and (isinstance(eps, bool) or not isinstance(eps, numbers.Real)):  # a float: fast
-        raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
+    _real("eps", eps)
     if not (_finite(eps) and eps >= 0):
         raise ValueError(f"eps must be finite and >= 0, got {eps}")
     return float(eps)
